@@ -1,1 +1,50 @@
-//! keel
+//! keel-host: run third-party agent tools as sandboxed WebAssembly components.
+//!
+//! An agent hands keel the `tool_use` blocks of one model turn; keel runs each
+//! tool in a fresh sandbox (wasmtime, WASI p2, a capability-gated workspace,
+//! fuel, a deadline, a memory cap) and hands back exactly one `tool_result` per
+//! `tool_use`, in order.
+//!
+//! ```no_run
+//! use keel_host::{Host, ToolUse};
+//! use serde_json::json;
+//!
+//! # async fn run() -> keel_host::Result<()> {
+//! let host = Host::builder()
+//!     .workspace("/path/to/project")
+//!     .plugins("/path/to/tools/")
+//!     .build()
+//!     .await?;
+//! let batch = [ToolUse::new("toolu_1", "grep", json!({ "pattern": "fn main" }))];
+//! let outcome = host.run_batch(&batch).await;
+//! println!("{}", keel_host::batch::user_message(&outcome.results));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The path of a call: [`plugin`] loading → [`pool`] → validation and
+//! permission ([`runner`]) → a [`sandbox`] with [`limits`] → results
+//! ([`batch`]).
+#![deny(missing_docs)]
+
+pub mod batch;
+mod bindings;
+pub mod builtin;
+pub mod context;
+pub mod engine;
+pub mod error;
+mod host;
+pub mod limits;
+pub mod plugin;
+pub mod pool;
+pub mod runner;
+pub mod sandbox;
+pub mod schema;
+pub mod tool;
+
+pub use batch::{ToolResult, ToolUse};
+pub use bindings::CONTRACT_VERSION;
+pub use error::{Error, Result};
+pub use host::{Host, HostBuilder};
+pub use limits::Limits;
+pub use tool::{Invocation, Tool, ToolSpec};

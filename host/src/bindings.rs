@@ -1,0 +1,18 @@
+//! Host bindings generated from `wit/`: all `bindgen!` output lives here.
+
+wasmtime::component::bindgen!({
+    path: "../wit",
+    world: "keel:tool/tool",
+    imports: { default: async },
+    exports: { default: async },
+});
+
+pub use exports::keel::tool::guest::ToolMetadata;
+pub use keel::tool::types::{InterruptBehavior, LogLevel, PermissionDecision};
+
+/// The contract version this host speaks: the version of the `keel:tool`
+/// package in `wit/`.
+pub const CONTRACT_VERSION: &str = "0.1.0";
+
+/// The name of the interface every tool exports, with its version.
+pub const GUEST_INTERFACE: &str = "keel:tool/guest@0.1.0";

@@ -1,0 +1,9 @@
+//! Native tools built into keel. They sit behind the same [`Tool`] trait as
+//! plugins and are held to the same grants: file access goes through cap-std
+//! directories, never through path strings joined onto `std::fs`.
+//!
+//! [`Tool`]: crate::tool::Tool
+
+mod read;
+
+pub use read::Read;

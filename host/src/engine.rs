@@ -1,0 +1,233 @@
+//! The one wasmtime engine shared by all plugins, its epoch ticker, and the
+//! on-disk compile cache.
+
+use std::hash::{Hash, Hasher};
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+use sha2::{Digest, Sha256};
+use wasmtime::component::{Component, Linker};
+use wasmtime::{Config, Engine, Enabled, InstanceAllocationStrategy, PoolingAllocationConfig};
+
+use crate::bindings::Tool as ToolBindings;
+use crate::error::{Error, Result};
+use crate::limits::Limits;
+use crate::sandbox::SandboxState;
+
+/// How often the epoch advances: the granularity of deadlines, and how often
+/// a long-running guest yields to let other calls on its thread progress.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// How many instances may be alive at once across all calls. A batch keeps
+/// one instance per pending call between its questions and its call, so this
+/// bounds the calls of all batches in flight together.
+const MAX_LIVE_INSTANCES: u32 = 1_000;
+
+/// The engine, configured once for every plugin: component model, async,
+/// fuel, epoch interruption and the pooling allocator.
+pub struct Runtime {
+    engine: Engine,
+    linker: Linker<SandboxState>,
+    cache: Option<CompileCache>,
+}
+
+impl Runtime {
+    /// Build the engine for `limits`, caching compiled code in `cache_dir`.
+    pub fn new(limits: &Limits, cache_dir: Option<PathBuf>) -> Result<Self> {
+        let mut pool = PoolingAllocationConfig::new();
+        pool.total_component_instances(MAX_LIVE_INSTANCES)
+            .total_core_instances(MAX_LIVE_INSTANCES * 4)
+            .total_memories(MAX_LIVE_INSTANCES)
+            .total_tables(MAX_LIVE_INSTANCES * 4)
+            .total_stacks(MAX_LIVE_INSTANCES)
+            .max_memories_per_component(4)
+            .max_tables_per_component(8)
+            .max_core_instances_per_component(32)
+            .max_memory_size(limits.memory)
+            .table_elements(limits.table_elements)
+            // Reuse warm slots without re-faulting their first pages: what
+            // makes a fresh sandbox per call nearly as cheap as a reused one.
+            .linear_memory_keep_resident(1 << 20)
+            .table_keep_resident(64 << 10)
+            .pagemap_scan(Enabled::Auto);
+
+        let mut config = Config::new();
+        config
+            .wasm_component_model(true)
+            .consume_fuel(true)
+            .epoch_interruption(true)
+            .max_wasm_stack(limits.stack)
+            .async_stack_size(limits.stack + (1 << 20))
+            .concurrency_support(false)
+            .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
+        let engine = Engine::new(&config).map_err(|error| Error::Engine(format!("{error:#}")))?;
+        start_epoch_ticker(&engine);
+
+        let mut linker = Linker::new(&engine);
+        wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .map_err(|error| Error::Engine(format!("failed to link WASI: {error:#}")))?;
+        ToolBindings::add_to_linker::<_, wasmtime::component::HasSelf<SandboxState>>(
+            &mut linker,
+            |state| state,
+        )
+        .map_err(|error| Error::Engine(format!("failed to link host imports: {error:#}")))?;
+
+        let cache = cache_dir.map(|dir| CompileCache::new(dir, &engine));
+        Ok(Runtime { engine, linker, cache })
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The linker with WASI and the host imports.
+    pub fn linker(&self) -> &Linker<SandboxState> {
+        &self.linker
+    }
+
+    /// Compile `bytes` (read from `path`), or load them from the cache.
+    pub fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Compiled> {
+        let started = Instant::now();
+        if let Some(cache) = &self.cache {
+            if let Some(component) = cache.load(&self.engine, bytes) {
+                return Ok(Compiled { component, from_cache: true, time: started.elapsed() });
+            }
+        }
+        let component = Component::new(&self.engine, bytes)
+            .map_err(|error| Error::plugin(path, format!("not a valid component: {}", root_cause(&error))))?;
+        if let Some(cache) = &self.cache {
+            cache.store(&component, bytes);
+        }
+        Ok(Compiled { component, from_cache: false, time: started.elapsed() })
+    }
+}
+
+/// A compiled component and how it was obtained.
+pub struct Compiled {
+    /// The component.
+    pub component: Component,
+    /// Whether it was loaded from the compile cache.
+    pub from_cache: bool,
+    /// How long compiling or loading took.
+    pub time: Duration,
+}
+
+/// The innermost cause of a wasmtime error, which says what actually failed.
+pub(crate) fn root_cause(error: &wasmtime::Error) -> String {
+    error.chain().last().map(ToString::to_string).unwrap_or_default()
+}
+
+/// Advance the engine's epoch every [`EPOCH_TICK`] for as long as the engine
+/// lives: the thread holds only a weak reference and stops with the engine.
+fn start_epoch_ticker(engine: &Engine) {
+    let weak = engine.weak();
+    std::thread::Builder::new()
+        .name("keel-epoch".into())
+        .spawn(move || {
+            while let Some(engine) = weak.upgrade() {
+                engine.increment_epoch();
+                drop(engine);
+                std::thread::sleep(EPOCH_TICK);
+            }
+        })
+        .expect("failed to spawn the epoch thread");
+}
+
+/// Compiled components on disk, so a second start does not recompile.
+///
+/// A file's name is the sha256 of the component's bytes plus a fingerprint of
+/// the wasmtime version and every engine setting that affects compiled code:
+/// a change of either misses the cache instead of loading stale code.
+struct CompileCache {
+    dir: PathBuf,
+    engine_key: String,
+}
+
+impl CompileCache {
+    fn new(dir: PathBuf, engine: &Engine) -> Self {
+        let mut hasher = Sha256Hasher(Sha256::new());
+        env!("CARGO_PKG_VERSION").hash(&mut hasher);
+        engine.precompile_compatibility_hash().hash(&mut hasher);
+        let engine_key = hex(&hasher.0.finalize()[..8]);
+        CompileCache { dir, engine_key }
+    }
+
+    fn path(&self, bytes: &[u8]) -> PathBuf {
+        let key = hex(&Sha256::digest(bytes));
+        self.dir.join(format!("{key}-{}.cwasm", self.engine_key))
+    }
+
+    fn load(&self, engine: &Engine, bytes: &[u8]) -> Option<Component> {
+        let path = self.path(bytes);
+        if !path.exists() {
+            return None;
+        }
+        // SAFETY: `deserialize_file` trusts the file to hold code compiled by
+        // this wasmtime for this engine configuration. It does: the cache
+        // directory is written only by `store` below, atomically (a complete
+        // file or none), and the file name binds the exact component bytes
+        // and the engine's compatibility fingerprint, so no other code or
+        // configuration can be found under this name. wasmtime still checks
+        // the header's version and settings and refuses a mismatch.
+        match unsafe { Component::deserialize_file(engine, &path) } {
+            Ok(component) => Some(component),
+            Err(error) => {
+                tracing::warn!(path = %path.display(), "ignoring unreadable compile cache entry: {}", root_cause(&error));
+                None
+            }
+        }
+    }
+
+    fn store(&self, component: &Component, bytes: &[u8]) {
+        let path = self.path(bytes);
+        let written = component
+            .serialize()
+            .map_err(|error| root_cause(&error))
+            .and_then(|code| write_atomically(&self.dir, &path, &code).map_err(|error| error.to_string()));
+        if let Err(error) = written {
+            tracing::warn!(path = %path.display(), "failed to write compile cache: {error}");
+        }
+    }
+}
+
+/// Write `contents` to `path` so that readers see the old file, or the whole
+/// new one, never a part: a temporary file in the same directory, synced,
+/// then renamed over the target.
+pub(crate) fn write_atomically(dir: &Path, path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    std::fs::create_dir_all(dir)?;
+    let mut file = tempfile::NamedTempFile::new_in(dir)?;
+    file.write_all(contents)?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|error| error.error)?;
+    Ok(())
+}
+
+struct Sha256Hasher(Sha256);
+
+impl Hasher for Sha256Hasher {
+    fn finish(&self) -> u64 {
+        unreachable!("only the digest is read")
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// The default compile cache directory: `$KEEL_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/keel`, else `~/.cache/keel`.
+pub fn default_cache_dir() -> Option<PathBuf> {
+    if let Some(dir) = std::env::var_os("KEEL_CACHE_DIR") {
+        return Some(PathBuf::from(dir));
+    }
+    if let Some(dir) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(PathBuf::from(dir).join("keel"));
+    }
+    std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/keel"))
+}

@@ -1,0 +1,54 @@
+//! The library's error type.
+
+use std::path::PathBuf;
+
+/// What can go wrong while building a host, loading plugins or reading a batch.
+///
+/// Failures of single calls are not errors: they become `tool_result` blocks
+/// with `is_error` set, and the batch goes on.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A file or directory could not be read or written.
+    #[error("failed to {action} {}: {source}", path.display())]
+    Io {
+        /// What was being done, as a verb phrase: "read", "create".
+        action: &'static str,
+        /// The file or directory.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// A plugin file could not be loaded.
+    #[error("failed to load plugin {}: {reason}", path.display())]
+    Plugin {
+        /// The plugin file.
+        path: PathBuf,
+        /// What was wrong with it.
+        reason: String,
+    },
+    /// The wasmtime engine could not be set up.
+    #[error("failed to set up the WebAssembly engine: {0}")]
+    Engine(String),
+    /// A batch of tool calls could not be read.
+    #[error("failed to read batch {origin}: {reason}")]
+    Batch {
+        /// Where the batch came from: a file path or `<stdin>`.
+        origin: String,
+        /// What was wrong with it.
+        reason: String,
+    },
+}
+
+/// The result type of `keel-host`.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { action, path: path.into(), source }
+    }
+
+    pub(crate) fn plugin(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {
+        Error::Plugin { path: path.into(), reason: reason.into() }
+    }
+}

@@ -1,0 +1,145 @@
+//! The host: an engine, a pool of tools and a workspace, built once.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use cap_std::ambient_authority;
+use cap_std::fs::Dir;
+
+use crate::batch::ToolUse;
+use crate::builtin;
+use crate::context;
+use crate::engine::{Runtime, default_cache_dir};
+use crate::error::{Error, Result};
+use crate::limits::Limits;
+use crate::plugin::{LoadReport, PluginTool, plugin_files};
+use crate::pool::ToolPool;
+use crate::runner::{self, BatchOutcome};
+use crate::tool::Tool;
+
+/// Builds a [`Host`].
+///
+/// Defaults: the workspace is the current directory; no plugins; the
+/// built-in tools included; [`Limits::default`]; compiled plugins cached in
+/// [`default_cache_dir`] (`$KEEL_CACHE_DIR`, else `$XDG_CACHE_HOME/keel`,
+/// else `~/.cache/keel`).
+pub struct HostBuilder {
+    workspace: Option<PathBuf>,
+    plugin_paths: Vec<PathBuf>,
+    limits: Limits,
+    cache_dir: Option<PathBuf>,
+    builtins: bool,
+}
+
+impl HostBuilder {
+    /// The directory the tools work in, mounted at `/workspace` in sandboxes.
+    pub fn workspace(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.workspace = Some(dir.into());
+        self
+    }
+
+    /// Load the plugin at `path`: a `.wasm` component, or a directory whose
+    /// `.wasm` files are all loaded.
+    pub fn plugins(mut self, path: impl Into<PathBuf>) -> Self {
+        self.plugin_paths.push(path.into());
+        self
+    }
+
+    /// The sandbox limits of every plugin call.
+    pub fn limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Where compiled plugins are cached; `None` turns the cache off.
+    pub fn cache_dir(mut self, dir: Option<PathBuf>) -> Self {
+        self.cache_dir = dir;
+        self
+    }
+
+    /// Whether the built-in tools (such as `Read`) are in the pool.
+    pub fn builtins(mut self, yes: bool) -> Self {
+        self.builtins = yes;
+        self
+    }
+
+    /// Load every plugin and assemble the pool. Fails on the first plugin that
+    /// cannot be loaded, naming its file.
+    pub async fn build(self) -> Result<Host> {
+        let workspace = match self.workspace {
+            Some(dir) => dir,
+            None => std::env::current_dir().map_err(|error| Error::io("read", ".", error))?,
+        };
+        let workspace = workspace.canonicalize().map_err(|error| Error::io("open workspace", &workspace, error))?;
+        let runtime = Arc::new(Runtime::new(&self.limits, self.cache_dir)?);
+
+        let mut builtins: Vec<Arc<dyn Tool>> = Vec::new();
+        if self.builtins {
+            let dir = Dir::open_ambient_dir(&workspace, ambient_authority())
+                .map_err(|error| Error::io("open workspace", &workspace, error))?;
+            builtins.push(Arc::new(builtin::Read::new(dir)));
+        }
+        let mut plugins: Vec<Arc<dyn Tool>> = Vec::new();
+        let mut reports = Vec::new();
+        for path in &self.plugin_paths {
+            for file in plugin_files(path)? {
+                let plugin = PluginTool::load(&runtime, &file, &workspace, &self.limits).await?;
+                reports.push((plugin.spec().name.clone(), plugin.load_report().clone()));
+                plugins.push(Arc::new(plugin));
+            }
+        }
+        let (pool, warnings) = ToolPool::assemble(builtins, plugins)?;
+        for warning in &warnings {
+            tracing::warn!("{warning}");
+        }
+        Ok(Host { runtime, pool, workspace, warnings, reports })
+    }
+}
+
+/// A loaded set of tools, ready to run batches.
+pub struct Host {
+    #[expect(dead_code, reason = "kept alive for the plugins' sandboxes; the scheduler will use it")]
+    runtime: Arc<Runtime>,
+    pool: ToolPool,
+    workspace: PathBuf,
+    warnings: Vec<String>,
+    reports: Vec<(String, LoadReport)>,
+}
+
+impl Host {
+    /// Start building a host.
+    pub fn builder() -> HostBuilder {
+        HostBuilder {
+            workspace: None,
+            plugin_paths: Vec::new(),
+            limits: Limits::default(),
+            cache_dir: default_cache_dir(),
+            builtins: true,
+        }
+    }
+
+    /// The pool of tools.
+    pub fn pool(&self) -> &ToolPool {
+        &self.pool
+    }
+
+    /// The workspace directory on the host.
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
+    }
+
+    /// Warnings from assembling the pool (tools left out, and why).
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// How each plugin was loaded, by tool name, in load order.
+    pub fn load_reports(&self) -> &[(String, LoadReport)] {
+        &self.reports
+    }
+
+    /// Run a batch, one call at a time in order, from a fresh context.
+    pub async fn run_batch(&self, uses: &[ToolUse]) -> BatchOutcome {
+        runner::run_in_order(&self.pool, uses, context::initial()).await
+    }
+}

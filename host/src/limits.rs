@@ -1,0 +1,94 @@
+//! Per-call sandbox limits and their defaults.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Serialize;
+
+/// The limits every plugin call runs under. Each default says why it has its
+/// value; all of them can be changed with [`crate::HostBuilder::limits`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Fuel (roughly, WASM instructions) one call may burn, its per-input
+    /// questions included. 10¹⁰ is a few seconds of pure compute: ample for a
+    /// grep over a large tree, while a guest spinning forever still stops.
+    pub fuel: u64,
+    /// Wall-clock time one call may take, time blocked in host calls included.
+    /// 30 s is long enough for real work and short enough that an agent does
+    /// not appear hung.
+    pub deadline: Duration,
+    /// Bytes of linear memory one call may use. 256 MiB holds megabytes of
+    /// output several times over while keeping ten concurrent calls well
+    /// within a small machine.
+    pub memory: usize,
+    /// Elements of any one table. Real Rust tools use a few hundred; the cap
+    /// only stops runaway growth.
+    pub table_elements: usize,
+    /// Bytes of WASM stack. 1 MiB is twice wasmtime's default, so that deep
+    /// but finite recursion (a recursive-descent parser) still runs.
+    pub stack: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            fuel: 10_000_000_000,
+            deadline: Duration::from_secs(30),
+            memory: 256 << 20,
+            table_elements: 100_000,
+            stack: 1 << 20,
+        }
+    }
+}
+
+/// Which limit a call ran into.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LimitKind {
+    /// The fuel budget.
+    Fuel,
+    /// The wall-clock deadline.
+    Deadline,
+    /// The linear-memory cap.
+    Memory,
+    /// The table-size cap.
+    Table,
+    /// The WASM stack cap.
+    Stack,
+}
+
+impl fmt::Display for LimitKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            LimitKind::Fuel => "fuel limit",
+            LimitKind::Deadline => "deadline",
+            LimitKind::Memory => "memory limit",
+            LimitKind::Table => "table limit",
+            LimitKind::Stack => "stack limit",
+        })
+    }
+}
+
+/// A byte count as a person reads it: `256 MiB`, `1 MiB`, `512 KiB`, `100 B`.
+pub fn human_bytes(bytes: usize) -> String {
+    match bytes {
+        b if b >= 1 << 30 && b % (1 << 30) == 0 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn human_bytes_uses_the_largest_exact_unit() {
+        assert_eq!(human_bytes(256 << 20), "256 MiB");
+        assert_eq!(human_bytes(1536), "1536 B");
+        assert_eq!(human_bytes(2 << 30), "2 GiB");
+        assert_eq!(human_bytes(512 << 10), "512 KiB");
+        assert_eq!(human_bytes(100), "100 B");
+    }
+}

@@ -1,0 +1,242 @@
+//! The host-side tool abstraction.
+//!
+//! The pool, the runner and the budgets see tools only through [`Tool`] and
+//! [`Invocation`]: a WASM plugin and a native built-in look the same to them.
+//! Every method of [`Invocation`] has the conservative answer of the contract
+//! as its default, so an implementation only states what it knows.
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::limits::LimitKind;
+
+/// Everything about a tool that does not depend on its input, read once.
+#[derive(Clone, Debug, Serialize)]
+pub struct ToolSpec {
+    /// The name the model calls the tool by.
+    pub name: String,
+    /// Former names that still resolve to this tool.
+    pub aliases: Vec<String>,
+    /// What the tool does, for the model.
+    pub description: String,
+    /// Longer usage guidance for the model; may be empty.
+    pub prompt: String,
+    /// JSON Schema of the input.
+    pub input_schema: Value,
+    /// JSON Schema of structured output, if any.
+    pub output_schema: Option<Value>,
+    /// Phrase a keyword search for deferred tools matches.
+    pub search_hint: Option<String>,
+    /// Listed by name only until searched for.
+    pub should_defer: bool,
+    /// Always listed in full, even when deferred.
+    pub always_load: bool,
+    /// Ask the provider to hold input strictly to the schema.
+    pub strict: bool,
+    /// What an interrupt does to a running call.
+    pub interrupt: InterruptBehavior,
+    /// Name shown to people.
+    pub user_facing_name: String,
+    /// Whether the tool is offered to the model at all.
+    pub enabled: bool,
+    /// Characters of output before the result is persisted.
+    pub max_result_size: ResultSize,
+    /// Whether the tool needs a person at the keyboard.
+    pub requires_user_interaction: bool,
+    /// Where the tool comes from.
+    pub origin: ToolOrigin,
+}
+
+/// Where a tool comes from.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case", tag = "kind")]
+pub enum ToolOrigin {
+    /// Native code inside keel.
+    BuiltIn,
+    /// A WASM component loaded from this file.
+    Plugin {
+        /// The component file.
+        path: std::path::PathBuf,
+    },
+}
+
+/// What an interrupt does to a running call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum InterruptBehavior {
+    /// Stop the call; its result says it was interrupted.
+    Cancel,
+    /// Let the call finish.
+    Block,
+}
+
+/// How large a tool's result may grow before it is persisted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ResultSize {
+    /// At most this many characters.
+    Chars(u64),
+    /// The tool bounds its own output and is never persisted (the seed's
+    /// `Infinity`, as for `Read`).
+    SelfBounded,
+}
+
+/// A tool's own permission decision for one input.
+#[derive(Clone, Debug, PartialEq)]
+pub enum PermissionDecision {
+    /// Go ahead, with this input when it is `Some`.
+    Allow(Option<Value>),
+    /// Refuse with this message.
+    Deny(String),
+    /// Ask the user with this message.
+    Ask(String),
+}
+
+/// A successful call's output.
+#[derive(Clone, Debug, PartialEq)]
+pub struct CallOutput {
+    /// The text handed to the model.
+    pub content: String,
+    /// A JSON merge patch for the shared context.
+    pub context_modifier: Option<Value>,
+}
+
+/// Why a call produced no output.
+#[derive(Clone, Debug, PartialEq)]
+pub enum CallError {
+    /// The tool ran and reported an error.
+    Tool(String),
+    /// A sandbox limit was reached.
+    Limit {
+        /// Which limit.
+        kind: LimitKind,
+        /// Its value, as a person would write it.
+        value: String,
+    },
+    /// The tool trapped (crashed).
+    Trap(String),
+    /// The tool broke the contract, for example with a malformed context
+    /// modifier.
+    Contract(String),
+    /// The host could not run the call.
+    Host(String),
+}
+
+impl fmt::Display for CallError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            CallError::Tool(message) => f.write_str(message),
+            CallError::Limit { kind, value } => write!(f, "{kind} of {value} exceeded"),
+            CallError::Trap(reason) => write!(f, "the tool crashed: {reason}"),
+            CallError::Contract(reason) => write!(f, "the tool broke the keel contract: {reason}"),
+            CallError::Host(reason) => write!(f, "the host could not run the tool: {reason}"),
+        }
+    }
+}
+
+/// A progress report sent by a running call.
+pub type ProgressSink = Arc<dyn Fn(Value) + Send + Sync>;
+
+/// What a call is given besides its input.
+#[derive(Clone)]
+pub struct CallContext {
+    /// The shared context object (`cwd` and whatever tools added).
+    pub context: Value,
+    /// Where progress reports go, the moment the tool sends them.
+    pub progress: ProgressSink,
+}
+
+impl CallContext {
+    /// A context that drops progress reports.
+    pub fn new(context: Value) -> Self {
+        CallContext { context, progress: Arc::new(|_| {}) }
+    }
+}
+
+/// A tool: something the model can call.
+#[async_trait]
+pub trait Tool: Send + Sync + 'static {
+    /// The input-independent facts.
+    fn spec(&self) -> &ToolSpec;
+
+    /// Begin one call on `input`: the returned invocation answers the
+    /// per-input questions and then runs the call. For a plugin this is one
+    /// fresh sandbox, replaced by another if a question traps.
+    async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError>;
+
+    /// Whether two inputs ask for the same thing. Default: equal JSON.
+    async fn inputs_equivalent(&self, a: &Value, b: &Value) -> bool {
+        a == b
+    }
+}
+
+/// One call of a tool on one input: the per-input questions, then the call.
+///
+/// Each default is the conservative answer of DESIGN.md §1, which is also what
+/// a plugin's answer falls back to when it traps.
+#[async_trait]
+pub trait Invocation: Send {
+    /// The input this call will run with (updated by a permission decision).
+    fn input(&self) -> &Value;
+
+    /// May run beside other safe calls. Default: false.
+    async fn is_concurrency_safe(&mut self) -> bool {
+        false
+    }
+
+    /// Writes nothing; a read-only call gets read-only access. Default: false.
+    async fn is_read_only(&mut self) -> bool {
+        false
+    }
+
+    /// Irreversible. Default: true.
+    async fn is_destructive(&mut self) -> bool {
+        true
+    }
+
+    /// The tool's own checks beyond the schema. Default: ok.
+    async fn validate_input(&mut self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// The tool's permission decision; only asked after validation passed.
+    /// Default: allow as is.
+    async fn check_permissions(&mut self) -> PermissionDecision {
+        PermissionDecision::Allow(None)
+    }
+
+    /// The string permission rules match against. Default: none.
+    async fn permission_subject(&mut self) -> Option<String> {
+        None
+    }
+
+    /// A compact form for a safety classifier. Default: empty.
+    async fn classifier_input(&mut self) -> String {
+        String::new()
+    }
+
+    /// A short phrase shown beside live progress. Default: none.
+    async fn activity_description(&mut self) -> Option<String> {
+        None
+    }
+
+    /// Reaches beyond the workspace. Default: false.
+    async fn is_open_world(&mut self) -> bool {
+        false
+    }
+
+    /// A search or a read a UI may fold. Default: false.
+    async fn is_search_or_read(&mut self) -> bool {
+        false
+    }
+
+    /// Replace the input, after a permission decision updated it.
+    fn set_input(&mut self, input: Value);
+
+    /// Run the call.
+    async fn call(self: Box<Self>, cx: CallContext) -> Result<CallOutput, CallError>;
+}

@@ -1,0 +1,17 @@
+//! Builds every guest the integration tests load, the example tools and the
+//! hostile test guests, into one directory named by `KEEL_TEST_GUESTS_DIR`.
+
+#[path = "../host/build/guests.rs"]
+mod guests;
+
+/// The guests the tests load, with their directories in the workspace.
+const TEST_GUESTS: &[(&str, &str)] = &[
+    ("keel-tool-grep", "example-tools/grep"),
+    ("keel-tool-write-file", "example-tools/write_file"),
+    ("keel-guest-trap-queries", "tests/guests/trap-queries"),
+];
+
+fn main() {
+    let dir = guests::build(TEST_GUESTS);
+    println!("cargo:rustc-env=KEEL_TEST_GUESTS_DIR={}", dir.display());
+}
