@@ -1,0 +1,106 @@
+//! Whole batches through the host: one result per call, in order.
+
+use keel_host::batch::parse_batch;
+use keel_host::{ToolResult, ToolUse};
+use serde_json::json;
+
+use crate::{block_on, example_host};
+
+#[test]
+fn a_mixed_batch_gives_four_results_in_order() {
+    let root = tempfile::tempdir().unwrap();
+    let workspace = root.path().join("ws");
+    std::fs::create_dir_all(workspace.join("src")).unwrap();
+    std::fs::write(workspace.join("src/lib.rs"), "fn main() {}\n// needle here\n").unwrap();
+    let host = block_on(example_host(&workspace).build()).unwrap();
+
+    let batch = parse_batch(
+        r#"[
+            {"type":"tool_use","id":"toolu_1","name":"grep","input":{"pattern":"needle"}},
+            {"type":"tool_use","id":"toolu_2","name":"write_file","input":{"file_path":"notes/todo.md","content":"- ship\n"}},
+            {"type":"tool_use","id":"toolu_3","name":"fetch_url","input":{"url":"https://example.com"}},
+            {"type":"tool_use","id":"toolu_4","name":"grep","input":{"pattern":"x","glob":7}}
+        ]"#,
+        "batch.json",
+    )
+    .unwrap();
+    let outcome = block_on(host.run_batch(&batch));
+
+    assert_eq!(
+        outcome.results,
+        [
+            ToolResult::ok("toolu_1", "src/lib.rs:2:// needle here\n"),
+            ToolResult::ok("toolu_2", "Wrote 7 bytes to notes/todo.md"),
+            ToolResult::error("toolu_3", "No such tool: fetch_url"),
+            ToolResult::error(
+                "toolu_4",
+                r#"Invalid input for grep: /glob: 7 is not of types "null", "string" (rule: type)"#
+            ),
+        ]
+    );
+    assert_eq!(std::fs::read_to_string(workspace.join("notes/todo.md")).unwrap(), "- ship\n");
+    let beside: Vec<_> = std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(beside, ["ws"], "nothing was written outside the workspace");
+    assert_eq!(
+        outcome.context,
+        json!({ "cwd": "/workspace", "files_written": { "notes/todo.md": { "bytes": 7 } } })
+    );
+}
+
+#[test]
+fn a_write_cannot_leave_the_workspace() {
+    let root = tempfile::tempdir().unwrap();
+    let workspace = root.path().join("ws");
+    std::fs::create_dir(&workspace).unwrap();
+    let host = block_on(example_host(&workspace).build()).unwrap();
+    let batch = [
+        ToolUse::new("a", "write_file", json!({ "file_path": "../escape.txt", "content": "x" })),
+        ToolUse::new("b", "write_file", json!({ "file_path": "/tmp/escape.txt", "content": "x" })),
+    ];
+    let outcome = block_on(host.run_batch(&batch));
+    for result in &outcome.results {
+        assert!(result.is_error, "{result:?}");
+        // The sandbox has no directory to put the file in, whatever the path says.
+        assert!(result.content.starts_with("failed to "), "{}", result.content);
+        assert!(result.content.contains("No such file or directory"), "{}", result.content);
+    }
+    let beside: Vec<_> = std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
+    assert_eq!(beside, ["ws"]);
+    assert_eq!(std::fs::read_dir(&workspace).unwrap().count(), 0);
+}
+
+#[test]
+fn a_later_call_sees_what_an_earlier_one_wrote() {
+    let workspace = tempfile::tempdir().unwrap();
+    let host = block_on(example_host(workspace.path()).build()).unwrap();
+    let batch = [
+        ToolUse::new("w", "write_file", json!({ "file_path": "a.txt", "content": "first line\nsecond\n" })),
+        ToolUse::new("g", "grep", json!({ "pattern": "second", "path": "a.txt" })),
+        ToolUse::new("r", "Read", json!({ "file_path": "a.txt", "offset": 2 })),
+    ];
+    let outcome = block_on(host.run_batch(&batch));
+    assert_eq!(outcome.results[1], ToolResult::ok("g", "a.txt:2:second\n"));
+    assert_eq!(outcome.results[2], ToolResult::ok("r", "     2\tsecond\n"));
+}
+
+#[test]
+fn broken_json_input_and_a_tool_error_fail_only_their_call() {
+    let workspace = tempfile::tempdir().unwrap();
+    let host = block_on(example_host(workspace.path()).build()).unwrap();
+    let batch = parse_batch(
+        r#"[
+            {"id":"a","name":"grep","input":"{\"pattern\": "},
+            {"id":"b","name":"grep","input":{"pattern":"("}},
+            {"id":"c","name":"grep","input":{"pattern":"x","path":"missing"}},
+            {"id":"d","name":"grep","input":{"pattern":"x"}}
+        ]"#,
+        "batch.json",
+    )
+    .unwrap();
+    let results = block_on(host.run_batch(&batch)).results;
+    assert!(results[0].content.starts_with("Invalid input for grep: the input is not valid JSON: "));
+    assert!(results[1].content.starts_with("Invalid input for grep: `pattern` is not a valid regex: "));
+    assert!(results[2].content.starts_with("cannot search missing: "), "{}", results[2].content);
+    assert!(results[..3].iter().all(|r| r.is_error));
+    assert_eq!(results[3], ToolResult::ok("d", "No matches in 0 files"));
+}

@@ -1,0 +1,99 @@
+//! Per-input questions on the actual input, and the conservative fallback
+//! when a guest traps while answering one.
+
+use keel_host::runner::prepare;
+use keel_host::{Host, ToolResult, ToolUse};
+use serde_json::json;
+
+use crate::{block_on, guest, shared_cache};
+
+fn host() -> (tempfile::TempDir, Host) {
+    let workspace = tempfile::tempdir().unwrap();
+    let builder = Host::builder()
+        .workspace(workspace.path())
+        .plugins(guest("keel_guest_trap_queries"))
+        .cache_dir(Some(shared_cache()));
+    let host = block_on(builder.build()).unwrap();
+    (workspace, host)
+}
+
+fn trapping(id: &str, exports: &[&str]) -> ToolUse {
+    ToolUse::new(id, "trap_queries", json!({ "trap_in": exports, "message": id }))
+}
+
+#[test]
+fn a_trap_in_is_concurrency_safe_answers_false_and_the_call_still_runs() {
+    let (_workspace, host) = host();
+    block_on(async {
+        let healthy = prepare(host.pool(), &trapping("healthy", &[])).await.unwrap();
+        assert!(healthy.concurrency_safe, "the guest's own answer is true");
+
+        let trapped = prepare(host.pool(), &trapping("trapped", &["is_concurrency_safe"])).await.unwrap();
+        assert!(!trapped.concurrency_safe, "a trap falls back to false");
+        let (result, _) = trapped.run(keel_host::tool::CallContext::new(keel_host::context::initial())).await;
+        assert_eq!(result, ToolResult::ok("trapped", "ok: trapped"));
+    });
+}
+
+#[test]
+fn a_trap_in_each_question_gives_its_fallback() {
+    let (_workspace, host) = host();
+    let tool = host.pool().get("trap_queries").unwrap().tool.clone();
+    block_on(async {
+        let input = |exports: &[&str]| json!({ "trap_in": exports, "message": "subject" });
+        let mut healthy = tool.invoke(input(&[])).await.unwrap();
+        assert!(healthy.is_read_only().await);
+        assert!(!healthy.is_destructive().await);
+        assert_eq!(healthy.permission_subject().await, Some("subject".into()));
+
+        let mut trapped = tool.invoke(input(&["is_read_only", "is_destructive", "permission_subject"])).await.unwrap();
+        assert!(!trapped.is_read_only().await, "fallback: assume it writes");
+        assert!(trapped.is_destructive().await, "fallback: assume irreversible");
+        assert_eq!(trapped.permission_subject().await, None);
+    });
+}
+
+#[test]
+fn traps_in_validation_permission_and_call_fail_only_their_call() {
+    let (_workspace, host) = host();
+    let batch = [
+        trapping("v", &["validate_input"]),
+        trapping("p", &["check_permissions"]),
+        trapping("c", &["call"]),
+        trapping("r", &["is_read_only", "is_concurrency_safe"]),
+        trapping("ok", &[]),
+    ];
+    let results = block_on(host.run_batch(&batch)).results;
+    assert_eq!(
+        results[0],
+        ToolResult::error("v", "Invalid input for trap_queries: the tool's input check failed; the call was refused")
+    );
+    assert_eq!(
+        results[1],
+        ToolResult::error(
+            "p",
+            "Permission to use trap_queries denied: the tool's permission check failed; the call was refused"
+        )
+    );
+    assert!(results[2].is_error);
+    assert!(
+        results[2].content.starts_with("trap_queries failed: the tool crashed: "),
+        "{}",
+        results[2].content
+    );
+    assert!(
+        results[2].content.contains("trapping in `call` as the input asks"),
+        "the guest's panic message is surfaced: {}",
+        results[2].content
+    );
+    assert_eq!(results[3], ToolResult::ok("r", "ok: r"));
+    assert_eq!(results[4], ToolResult::ok("ok", "ok: ok"));
+}
+
+#[test]
+fn a_misspelt_export_name_is_refused_by_the_guest() {
+    let (_workspace, host) = host();
+    let results = block_on(host.run_batch(&[trapping("x", &["is_concurency_safe"])])).results;
+    assert!(results[0].is_error);
+    assert!(results[0].content.contains("`trap_in` names `is_concurency_safe`"), "{}", results[0].content);
+}
