@@ -105,6 +105,18 @@ impl Error {
         Error(message.to_string())
     }
 
+    /// An I/O error about `subject` (a path, usually): `failed to read a.txt:
+    /// No such file or directory`. The OS error number is left out: inside the
+    /// sandbox it is a WASI number that means nothing to a model.
+    pub fn io(action: &str, subject: impl fmt::Display, error: &std::io::Error) -> Self {
+        let text = error.to_string();
+        let text = match text.rfind(" (os error ") {
+            Some(at) if text.ends_with(')') => &text[..at],
+            _ => &text,
+        };
+        Error(format!("{action} {subject}: {text}"))
+    }
+
     /// The message the model will read.
     pub fn message(&self) -> &str {
         &self.0
@@ -233,6 +245,12 @@ impl Context {
 ///
 /// Only `Input`, `NAME`, `DESCRIPTION` and [`Tool::call`] are required; every
 /// other item has the conservative default described on it.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not a keel tool: it does not implement `keel_guest::Tool`",
+    label = "`keel_guest::export!` needs a type that implements `keel_guest::Tool`",
+    note = "write `impl keel_guest::Tool for {Self}`, giving at least `Input`, `NAME`, \
+            `DESCRIPTION` and `call`"
+)]
 pub trait Tool {
     /// The input the model sends; its JSON Schema is derived with schemars.
     /// Doc comments on its fields become the schema's descriptions.
@@ -409,12 +427,50 @@ macro_rules! export {
             "`keel_guest::export!` needs the tool type: `keel_guest::export!(MyTool);`"
         );
     };
+    ($tool:ty, $($more:tt)+) => {
+        ::core::compile_error!(::core::concat!(
+            "`keel_guest::export!` takes one tool type, got `",
+            ::core::stringify!($tool, $($more)+),
+            "`: a component exports exactly one tool, so give each tool a crate of its own"
+        ));
+    };
     ($($other:tt)+) => {
-        ::core::compile_error!(
-            "`keel_guest::export!` takes exactly one type that implements `keel_guest::Tool`"
-        );
+        ::core::compile_error!(::core::concat!(
+            "`keel_guest::export!` takes the tool's type, as in ",
+            "`keel_guest::export!(MyTool);`, got `",
+            ::core::stringify!($($other)+),
+            "`"
+        ));
     };
 }
 
 #[doc(hidden)]
 pub mod __private;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn io_errors_leave_out_the_os_error_number() {
+        let error = std::io::Error::from_raw_os_error(2);
+        assert_eq!(Error::io("failed to read", "a.txt", &error).message(), "failed to read a.txt: No such file or directory");
+        let error = std::io::Error::other("disk on fire");
+        assert_eq!(Error::io("failed to write", "b", &error).message(), "failed to write b: disk on fire");
+    }
+
+    #[test]
+    fn resolve_folds_dots_against_the_working_directory() {
+        let cx = Context::new(json!({ "cwd": "/workspace/src" }));
+        assert_eq!(cx.resolve("a.rs"), PathBuf::from("/workspace/src/a.rs"));
+        assert_eq!(cx.resolve("../b/./c.rs"), PathBuf::from("/workspace/b/c.rs"));
+        assert_eq!(cx.resolve("../../../../etc"), PathBuf::from("/etc"));
+        assert_eq!(cx.resolve("/workspace/x"), PathBuf::from("/workspace/x"));
+        assert_eq!(Context::new(json!({})).cwd(), WORKSPACE_MOUNT);
+    }
+}
+
+/// The README's examples, compiled as doctests so they cannot drift.
+#[doc = include_str!("../../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;

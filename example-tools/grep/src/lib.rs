@@ -104,9 +104,8 @@ impl Search {
     /// `path:line:text` lines to `out` with paths relative to `root`, and
     /// return how many files were searched.
     pub fn run(&self, root: &Path, target: &Path, out: &mut String) -> Result<usize> {
-        let metadata = fs::metadata(target).map_err(|error| {
-            keel_guest::Error::msg(format!("cannot search {}: {error}", shown(root, target)))
-        })?;
+        let metadata = fs::metadata(target)
+            .map_err(|error| keel_guest::Error::io("cannot search", shown(root, target), &error))?;
         if metadata.is_file() {
             self.file(root, target, out);
             return Ok(1);

@@ -58,9 +58,11 @@ impl Tool for WriteFile {
         let path = cx.resolve(&input.file_path);
         write(&path, &input.content)?;
         let shown = display_path(&path);
-        Ok(Output::text(format!("Wrote {} bytes to {shown}", input.content.len()))
+        let bytes = input.content.len();
+        let unit = if bytes == 1 { "byte" } else { "bytes" };
+        Ok(Output::text(format!("Wrote {bytes} {unit} to {shown}"))
             .with_context_modifier(json!({
-                "files_written": { shown: { "bytes": input.content.len() } }
+                "files_written": { shown: { "bytes": bytes } }
             })))
     }
 }
@@ -69,10 +71,9 @@ impl Tool for WriteFile {
 pub fn write(path: &Path, content: &str) -> Result<()> {
     if let Some(parent) = path.parent() {
         std::fs::create_dir_all(parent)
-            .map_err(|error| keel_guest::Error::msg(format!("failed to create {}: {error}", parent.display())))?;
+            .map_err(|error| keel_guest::Error::io("failed to create", parent.display(), &error))?;
     }
-    std::fs::write(path, content)
-        .map_err(|error| keel_guest::Error::msg(format!("failed to write {}: {error}", path.display())))
+    std::fs::write(path, content).map_err(|error| keel_guest::Error::io("failed to write", path.display(), &error))
 }
 
 /// The path as the model should see it: relative to the workspace mount.
