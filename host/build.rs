@@ -8,10 +8,8 @@
 mod guests;
 
 /// The tools shipped with the host, with their directories in the workspace.
-const BUNDLED_TOOLS: &[(&str, &str)] = &[
-    ("keel-tool-grep", "example-tools/grep"),
-    ("keel-tool-write-file", "example-tools/write_file"),
-];
+const BUNDLED_TOOLS: &[(&str, &str)] =
+    &[("keel-tool-grep", "example-tools/grep"), ("keel-tool-write-file", "example-tools/write_file")];
 
 fn main() {
     println!("cargo:rerun-if-env-changed=KEEL_SKIP_GUEST_BUILD");

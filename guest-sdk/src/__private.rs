@@ -22,9 +22,7 @@ pub use bindings::export_tool;
 pub use wit_bindgen;
 
 use bindings::exports::keel::tool::guest::{Guest, ToolMetadata as Metadata};
-use bindings::keel::tool::types::{
-    CallOutput, InterruptBehavior, PermissionDecision as WitPermission,
-};
+use bindings::keel::tool::types::{CallOutput, InterruptBehavior, PermissionDecision as WitPermission};
 
 /// Names the user's tool type for the generated `Guest` impl below.
 pub trait Exports {
@@ -151,8 +149,8 @@ impl<E: Exports> Guest for E {
 
     fn call(input: String, context: String) -> Result<CallOutput, String> {
         let input = parse::<E::Tool>(&input)?;
-        let context = serde_json::from_str(&context)
-            .map_err(|error| format!("invalid context from host: {error}"))?;
+        let context =
+            serde_json::from_str(&context).map_err(|error| format!("invalid context from host: {error}"))?;
         let output = E::Tool::call(input, &Context::new(context)).map_err(|error| error.0)?;
         Ok(CallOutput {
             content: output.content,

@@ -333,8 +333,7 @@ pub trait Tool {
 
     /// The name shown to people for this call. Default: the tool's name.
     fn user_facing_name(_input: &Self::Input) -> String {
-        if Self::USER_FACING_NAME.is_empty() { Self::NAME } else { Self::USER_FACING_NAME }
-            .to_string()
+        if Self::USER_FACING_NAME.is_empty() { Self::NAME } else { Self::USER_FACING_NAME }.to_string()
     }
 
     /// A short phrase shown beside live progress. Default: none.
@@ -454,7 +453,10 @@ mod tests {
     #[test]
     fn io_errors_leave_out_the_os_error_number() {
         let error = std::io::Error::from_raw_os_error(2);
-        assert_eq!(Error::io("failed to read", "a.txt", &error).message(), "failed to read a.txt: No such file or directory");
+        assert_eq!(
+            Error::io("failed to read", "a.txt", &error).message(),
+            "failed to read a.txt: No such file or directory"
+        );
         let error = std::io::Error::other("disk on fire");
         assert_eq!(Error::io("failed to write", "b", &error).message(), "failed to write b: disk on fire");
     }

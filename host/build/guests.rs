@@ -55,13 +55,9 @@ const OUTER_BUILD_PREFIXES: &[&str] = &["CARGO_CFG_", "CARGO_FEATURE_", "DEP_"];
 /// The workspace root: the parent of the crate whose build script is running.
 /// Every crate that uses this file sits one level below the root.
 fn workspace_root() -> PathBuf {
-    let manifest_dir = PathBuf::from(
-        env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR is set by cargo"),
-    );
-    manifest_dir
-        .parent()
-        .expect("the crate is inside the workspace")
-        .to_path_buf()
+    let manifest_dir =
+        PathBuf::from(env::var_os("CARGO_MANIFEST_DIR").expect("CARGO_MANIFEST_DIR is set by cargo"));
+    manifest_dir.parent().expect("the crate is inside the workspace").to_path_buf()
 }
 
 /// `<target>/guests`: `<target>` is `$CARGO_TARGET_DIR` if set, else
@@ -96,13 +92,7 @@ pub fn components_dir() -> PathBuf {
 /// target is missing, and with the nested cargo's stderr when the build fails.
 pub fn build(packages: &[(&str, &str)]) -> PathBuf {
     let root = workspace_root();
-    for watched in [
-        "wit",
-        "guest-sdk/src",
-        "guest-sdk/Cargo.toml",
-        "Cargo.toml",
-        "Cargo.lock",
-    ] {
+    for watched in ["wit", "guest-sdk/src", "guest-sdk/Cargo.toml", "Cargo.toml", "Cargo.lock"] {
         println!("cargo:rerun-if-changed={}", root.join(watched).display());
     }
     for (_, dir) in packages {
@@ -117,6 +107,9 @@ pub fn build(packages: &[(&str, &str)]) -> PathBuf {
     command
         .current_dir(&root)
         .arg("build")
+        // Errors and warnings still print; the progress lines would only bury
+        // them in the panic message.
+        .arg("--quiet")
         .arg("--release")
         .arg("--target")
         .arg(TARGET)
@@ -132,18 +125,15 @@ pub fn build(packages: &[(&str, &str)]) -> PathBuf {
     }
     for (var, _) in env::vars_os() {
         let Some(var) = var.to_str() else { continue };
-        if OUTER_BUILD_PREFIXES
-            .iter()
-            .any(|prefix| var.starts_with(prefix))
-        {
+        if OUTER_BUILD_PREFIXES.iter().any(|prefix| var.starts_with(prefix)) {
             command.env_remove(var);
         }
     }
 
     let names: Vec<&str> = packages.iter().map(|(package, _)| *package).collect();
-    let output = command.output().unwrap_or_else(|error| {
-        panic!("failed to run cargo to build the guests {names:?}: {error}")
-    });
+    let output = command
+        .output()
+        .unwrap_or_else(|error| panic!("failed to run cargo to build the guests {names:?}: {error}"));
     if !output.status.success() {
         panic!(
             "failed to build the guests {names:?} for {TARGET} ({}):\n{}",

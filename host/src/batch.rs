@@ -44,12 +44,22 @@ pub struct ToolResult {
 impl ToolResult {
     /// A successful result.
     pub fn ok(tool_use_id: impl Into<String>, content: impl Into<String>) -> Self {
-        ToolResult { kind: "tool_result", tool_use_id: tool_use_id.into(), content: content.into(), is_error: false }
+        ToolResult {
+            kind: "tool_result",
+            tool_use_id: tool_use_id.into(),
+            content: content.into(),
+            is_error: false,
+        }
     }
 
     /// A failed result.
     pub fn error(tool_use_id: impl Into<String>, content: impl Into<String>) -> Self {
-        ToolResult { kind: "tool_result", tool_use_id: tool_use_id.into(), content: content.into(), is_error: true }
+        ToolResult {
+            kind: "tool_result",
+            tool_use_id: tool_use_id.into(),
+            content: content.into(),
+            is_error: true,
+        }
     }
 }
 
@@ -63,14 +73,17 @@ pub fn user_message(results: &[ToolResult]) -> Value {
 /// `origin` names the source in errors.
 pub fn parse_batch(text: &str, origin: &str) -> Result<Vec<ToolUse>> {
     let fail = |reason: String| Error::Batch { origin: origin.to_string(), reason };
-    let value: Value = serde_json::from_str(text).map_err(|error| fail(format!("not valid JSON: {error}")))?;
+    let value: Value =
+        serde_json::from_str(text).map_err(|error| fail(format!("not valid JSON: {error}")))?;
     let (blocks, from_message) = match &value {
         Value::Array(blocks) => (blocks, false),
         Value::Object(message) => {
-            if let Some(role) = message.get("role").and_then(Value::as_str) {
-                if role != "assistant" {
-                    return Err(fail(format!("the message has role `{role}`; tool_use blocks come from `assistant`")));
-                }
+            if let Some(role) = message.get("role").and_then(Value::as_str)
+                && role != "assistant"
+            {
+                return Err(fail(format!(
+                    "the message has role `{role}`; tool_use blocks come from `assistant`"
+                )));
             }
             match message.get("content") {
                 Some(Value::Array(blocks)) => (blocks, true),
@@ -123,8 +136,9 @@ mod tests {
 
     #[test]
     fn reads_an_array_of_tool_use_blocks() {
-        let uses = parse_batch(r#"[{"type":"tool_use","id":"a","name":"grep","input":{"pattern":"x"}}]"#, "b.json")
-            .unwrap();
+        let uses =
+            parse_batch(r#"[{"type":"tool_use","id":"a","name":"grep","input":{"pattern":"x"}}]"#, "b.json")
+                .unwrap();
         assert_eq!(uses, vec![ToolUse::new("a", "grep", json!({ "pattern": "x" }))]);
     }
 
@@ -133,7 +147,10 @@ mod tests {
         let text = r#"{"role":"assistant","content":[
             {"type":"text","text":"Let me look."},
             {"type":"tool_use","id":"a","name":"Read","input":{"file_path":"x"}}]}"#;
-        assert_eq!(parse_batch(text, "m.json").unwrap(), vec![ToolUse::new("a", "Read", json!({ "file_path": "x" }))]);
+        assert_eq!(
+            parse_batch(text, "m.json").unwrap(),
+            vec![ToolUse::new("a", "Read", json!({ "file_path": "x" }))]
+        );
     }
 
     #[test]
@@ -158,7 +175,10 @@ mod tests {
             error(r#"{"role":"user","content":[]}"#),
             "failed to read batch b.json: the message has role `user`; tool_use blocks come from `assistant`"
         );
-        assert_eq!(error("42"), "failed to read batch b.json: expected an array of tool_use blocks or an assistant message");
+        assert_eq!(
+            error("42"),
+            "failed to read batch b.json: expected an array of tool_use blocks or an assistant message"
+        );
         assert!(error("[").starts_with("failed to read batch b.json: not valid JSON: "));
     }
 

@@ -27,7 +27,10 @@ mod tests {
     fn modifiers_merge_in_order() {
         let mut context = initial();
         apply(&mut context, &json!({ "files_written": { "a.txt": { "bytes": 1 } } }));
-        apply(&mut context, &json!({ "files_written": { "b.txt": { "bytes": 2 } }, "cwd": "/workspace/src" }));
+        apply(
+            &mut context,
+            &json!({ "files_written": { "b.txt": { "bytes": 2 } }, "cwd": "/workspace/src" }),
+        );
         apply(&mut context, &json!({ "files_written": { "a.txt": null } }));
         assert_eq!(context, json!({ "cwd": "/workspace/src", "files_written": { "b.txt": { "bytes": 2 } } }));
     }

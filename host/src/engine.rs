@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
-use wasmtime::{Config, Engine, Enabled, InstanceAllocationStrategy, PoolingAllocationConfig};
+use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::bindings::Tool as ToolBindings;
 use crate::error::{Error, Result};
@@ -66,10 +66,9 @@ impl Runtime {
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
             .map_err(|error| Error::Engine(format!("failed to link WASI: {error:#}")))?;
-        ToolBindings::add_to_linker::<_, wasmtime::component::HasSelf<SandboxState>>(
-            &mut linker,
-            |state| state,
-        )
+        ToolBindings::add_to_linker::<_, wasmtime::component::HasSelf<SandboxState>>(&mut linker, |state| {
+            state
+        })
         .map_err(|error| Error::Engine(format!("failed to link host imports: {error:#}")))?;
 
         let cache = cache_dir.map(|dir| CompileCache::new(dir, &engine));
@@ -89,10 +88,8 @@ impl Runtime {
     /// Compile `bytes` (read from `path`), or load them from the cache.
     pub fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Compiled> {
         let started = Instant::now();
-        if let Some(cache) = &self.cache {
-            if let Some(component) = cache.load(&self.engine, bytes) {
-                return Ok(Compiled { component, from_cache: true, time: started.elapsed() });
-            }
+        if let Some(component) = self.cache.as_ref().and_then(|cache| cache.load(&self.engine, bytes)) {
+            return Ok(Compiled { component, from_cache: true, time: started.elapsed() });
         }
         let component = Component::new(&self.engine, bytes)
             .map_err(|error| Error::plugin(path, format!("not a valid component: {}", root_cause(&error))))?;

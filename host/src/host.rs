@@ -70,7 +70,8 @@ impl HostBuilder {
             Some(dir) => dir,
             None => std::env::current_dir().map_err(|error| Error::io("read", ".", error))?,
         };
-        let workspace = workspace.canonicalize().map_err(|error| Error::io("open workspace", &workspace, error))?;
+        let workspace =
+            workspace.canonicalize().map_err(|error| Error::io("open workspace", &workspace, error))?;
         let runtime = Arc::new(Runtime::new(&self.limits, self.cache_dir)?);
 
         let mut builtins: Vec<Arc<dyn Tool>> = Vec::new();

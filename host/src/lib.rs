@@ -35,6 +35,7 @@ pub mod engine;
 pub mod error;
 mod host;
 pub mod limits;
+pub mod partition;
 pub mod plugin;
 pub mod pool;
 pub mod runner;

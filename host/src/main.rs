@@ -24,7 +24,7 @@ fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => commands::run::run(args),
+        Command::Run(args) => commands::run::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

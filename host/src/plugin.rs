@@ -14,8 +14,8 @@ use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::sandbox::{Grant, QUERY_DEADLINE, QUERY_FUEL, Sandbox, SandboxState};
 use crate::tool::{
-    CallContext, CallError, CallOutput, InterruptBehavior, Invocation, PermissionDecision,
-    ResultSize, Tool, ToolOrigin, ToolSpec,
+    CallContext, CallError, CallOutput, InterruptBehavior, Invocation, PermissionDecision, ResultSize, Tool,
+    ToolOrigin, ToolSpec,
 };
 
 /// Ask one question of the guest in the current sandbox, creating it when
@@ -100,8 +100,14 @@ impl PluginTool {
         let pre = ToolPre::new(instance_pre).map_err(|error| {
             Error::plugin(path, format!("does not export the keel tool contract: {}", root_cause(&error)))
         })?;
-        let file_name = path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
-        let mut shared = Shared { pre, name: file_name.into(), limits: limits.clone(), workspace: workspace.to_path_buf() };
+        let file_name =
+            path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
+        let mut shared = Shared {
+            pre,
+            name: file_name.into(),
+            limits: limits.clone(),
+            workspace: workspace.to_path_buf(),
+        };
         let spec = read_spec(&mut shared, path).await?;
         shared.name = spec.name.as_str().into();
         let report = LoadReport {
@@ -176,9 +182,10 @@ async fn read_spec(shared: &mut Shared, path: &Path) -> Result<ToolSpec> {
     questions.sandbox = None;
 
     let enabled = ask!(questions, "is-enabled", false, |guest, store| guest.call_is_enabled(store));
-    let max_result_size = ask!(questions, "max-result-size", Some(DEFAULT_MAX_RESULT_SIZE_CHARS), |guest, store| {
-        guest.call_max_result_size(store)
-    });
+    let max_result_size =
+        ask!(questions, "max-result-size", Some(DEFAULT_MAX_RESULT_SIZE_CHARS), |guest, store| {
+            guest.call_max_result_size(store)
+        });
     let requires_user_interaction = ask!(questions, "requires-user-interaction", false, |guest, store| {
         guest.call_requires_user_interaction(store)
     });
@@ -202,11 +209,13 @@ fn spec_from_metadata(
         ));
     }
     let parse = |what: &str, text: &str| {
-        serde_json::from_str::<Value>(text)
-            .map_err(|error| Error::plugin(path, format!("{what} of `{}` is not valid JSON: {error}", metadata.name)))
+        serde_json::from_str::<Value>(text).map_err(|error| {
+            Error::plugin(path, format!("{what} of `{}` is not valid JSON: {error}", metadata.name))
+        })
     };
     let input_schema = parse("the input schema", &metadata.input_schema)?;
-    let output_schema = metadata.output_schema.as_deref().map(|text| parse("the output schema", text)).transpose()?;
+    let output_schema =
+        metadata.output_schema.as_deref().map(|text| parse("the output schema", text)).transpose()?;
     let user_facing_name =
         if metadata.user_facing_name.is_empty() { metadata.name.clone() } else { metadata.user_facing_name };
     Ok(ToolSpec {
@@ -232,7 +241,6 @@ fn spec_from_metadata(
     })
 }
 
-
 /// A sandbox for asking questions, replaced whenever one traps.
 struct Questions<'a> {
     shared: &'a Shared,
@@ -248,7 +256,9 @@ impl<'a> Questions<'a> {
     async fn live(&mut self) -> Result<&mut Sandbox, CallError> {
         if self.sandbox.is_none() {
             let shared = self.shared;
-            let sandbox = Sandbox::new(&shared.pre, shared.name.clone(), &shared.limits, &shared.workspace, self.grant).await?;
+            let sandbox =
+                Sandbox::new(&shared.pre, shared.name.clone(), &shared.limits, &shared.workspace, self.grant)
+                    .await?;
             self.sandbox = Some(sandbox);
         }
         Ok(self.sandbox.as_mut().expect("just created"))
@@ -275,7 +285,8 @@ impl Tool for PluginTool {
         let mut questions = Questions::new(&self.shared, Grant::Nothing);
         let (a, b) = (a.to_string(), b.to_string());
         let fallback = a == b;
-        ask!(questions, "inputs-equivalent", fallback, |guest, store| guest.call_inputs_equivalent(store, &a, &b))
+        ask!(questions, "inputs-equivalent", fallback, |guest, store| guest
+            .call_inputs_equivalent(store, &a, &b))
     }
 }
 
@@ -298,9 +309,11 @@ impl PluginInvocation {
         if let Some(read_only) = self.read_only {
             return read_only;
         }
-        let mut questions = Questions { shared: &self.shared, grant: Grant::Nothing, sandbox: self.sandbox.take() };
+        let mut questions =
+            Questions { shared: &self.shared, grant: Grant::Nothing, sandbox: self.sandbox.take() };
         let input = &self.input_text;
-        let read_only = ask!(questions, "is-read-only", false, |guest, store| guest.call_is_read_only(store, input));
+        let read_only =
+            ask!(questions, "is-read-only", false, |guest, store| guest.call_is_read_only(store, input));
         let grant = if read_only { Grant::ReadOnly } else { Grant::ReadWrite };
         self.sandbox = match questions.sandbox {
             Some(mut sandbox) => match sandbox.regrant(&self.shared.workspace, grant) {
@@ -369,8 +382,11 @@ impl Invocation for PluginInvocation {
     }
 
     async fn check_permissions(&mut self) -> PermissionDecision {
-        let trapped = bindings::PermissionDecision::Deny("the tool's permission check failed; the call was refused".into());
-        let decision = ask_input!(self, "check-permissions", trapped, |g, s, i| g.call_check_permissions(s, i));
+        let trapped = bindings::PermissionDecision::Deny(
+            "the tool's permission check failed; the call was refused".into(),
+        );
+        let decision =
+            ask_input!(self, "check-permissions", trapped, |g, s, i| g.call_check_permissions(s, i));
         match decision {
             bindings::PermissionDecision::Allow(None) => PermissionDecision::Allow(None),
             bindings::PermissionDecision::Allow(Some(text)) => match serde_json::from_str(&text) {
@@ -410,7 +426,10 @@ impl Invocation for PluginInvocation {
         let limits = &shared.limits;
         let mut sandbox = match self.sandbox.take() {
             Some(sandbox) => sandbox,
-            None => Sandbox::new(&shared.pre, shared.name.clone(), limits, &shared.workspace, self.grant()).await?,
+            None => {
+                Sandbox::new(&shared.pre, shared.name.clone(), limits, &shared.workspace, self.grant())
+                    .await?
+            }
         };
         sandbox.budget(limits.fuel, limits.deadline)?;
         sandbox.report_progress_to(cx.progress.clone());
@@ -434,9 +453,15 @@ impl Invocation for PluginInvocation {
                     None => None,
                     Some(text) => match serde_json::from_str::<Value>(&text) {
                         Ok(patch @ Value::Object(_)) => Some(patch),
-                        Ok(_) => return Err(CallError::Contract("its context modifier is not a JSON object".into())),
+                        Ok(_) => {
+                            return Err(CallError::Contract(
+                                "its context modifier is not a JSON object".into(),
+                            ));
+                        }
                         Err(error) => {
-                            return Err(CallError::Contract(format!("its context modifier is not JSON: {error}")));
+                            return Err(CallError::Contract(format!(
+                                "its context modifier is not JSON: {error}"
+                            )));
                         }
                     },
                 };

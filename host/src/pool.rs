@@ -26,7 +26,10 @@ pub struct ToolPool {
 
 impl ToolPool {
     /// Assemble the pool. Returns it with a warning for every tool left out.
-    pub fn assemble(mut builtins: Vec<Arc<dyn Tool>>, mut plugins: Vec<Arc<dyn Tool>>) -> Result<(Self, Vec<String>)> {
+    pub fn assemble(
+        mut builtins: Vec<Arc<dyn Tool>>,
+        mut plugins: Vec<Arc<dyn Tool>>,
+    ) -> Result<(Self, Vec<String>)> {
         builtins.sort_by(|a, b| a.spec().name.cmp(&b.spec().name));
         plugins.sort_by(|a, b| a.spec().name.cmp(&b.spec().name));
         let mut pool = ToolPool { entries: Vec::new(), index: HashMap::new() };
@@ -56,7 +59,9 @@ impl ToolPool {
                 ToolOrigin::Plugin { path } => {
                     Error::plugin(path, format!("the input schema of `{}` is invalid: {reason}", spec.name))
                 }
-                ToolOrigin::BuiltIn => Error::Engine(format!("built-in `{}` has an invalid schema: {reason}", spec.name)),
+                ToolOrigin::BuiltIn => {
+                    Error::Engine(format!("built-in `{}` has an invalid schema: {reason}", spec.name))
+                }
             })?;
             let position = pool.entries.len();
             pool.index.insert(spec.name.clone(), position);

@@ -39,12 +39,11 @@ pub async fn prepare(pool: &ToolPool, tool_use: &ToolUse) -> Result<Prepared, To
         return Err(fail(unknown_tool(pool, &tool_use.name)));
     };
     let name = &entry.tool.spec().name;
-    let input = tool_use
-        .input
-        .as_ref()
-        .map_err(|reason| fail(format!("Invalid input for {name}: {reason}")))?;
+    let input =
+        tool_use.input.as_ref().map_err(|reason| fail(format!("Invalid input for {name}: {reason}")))?;
     check_schema(entry, input).map_err(&fail)?;
-    let mut invocation = entry.tool.invoke(input.clone()).await.map_err(|error| fail(call_failed(name, &error)))?;
+    let mut invocation =
+        entry.tool.invoke(input.clone()).await.map_err(|error| fail(call_failed(name, &error)))?;
     if let Err(reason) = invocation.validate_input().await {
         return Err(fail(format!("Invalid input for {name}: {reason}")));
     }
@@ -54,9 +53,13 @@ pub async fn prepare(pool: &ToolPool, tool_use: &ToolUse) -> Result<Prepared, To
             check_schema(entry, &updated).map_err(&fail)?;
             invocation.set_input(updated);
         }
-        PermissionDecision::Deny(message) => return Err(fail(format!("Permission to use {name} denied: {message}"))),
+        PermissionDecision::Deny(message) => {
+            return Err(fail(format!("Permission to use {name} denied: {message}")));
+        }
         PermissionDecision::Ask(message) => {
-            return Err(fail(format!("{name} requires approval, and no one can be asked in this run: {message}")));
+            return Err(fail(format!(
+                "{name} requires approval, and no one can be asked in this run: {message}"
+            )));
         }
     }
     let concurrency_safe = invocation.is_concurrency_safe().await;

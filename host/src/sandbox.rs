@@ -165,11 +165,7 @@ impl Sandbox {
         let state = SandboxState {
             wasi,
             table: ResourceTable::new(),
-            limiter: CallLimiter {
-                memory: limits.memory,
-                table_elements: limits.table_elements,
-                hit: None,
-            },
+            limiter: CallLimiter { memory: limits.memory, table_elements: limits.table_elements, hit: None },
             plugin,
             progress: None,
             deadline: Instant::now() + QUERY_DEADLINE,
@@ -242,11 +238,9 @@ fn wasi_ctx(workspace: &Path, grant: Grant, stderr: &MemoryOutputPipe) -> Result
         Grant::ReadWrite => Some(FsPerms::ReadWrite),
     };
     if let Some(perms) = perms {
-        builder
-            .preopened_dir(workspace, WORKSPACE_MOUNT, perms)
-            .map_err(|error| {
-                CallError::Host(format!("failed to open workspace {}: {error}", workspace.display()))
-            })?;
+        builder.preopened_dir(workspace, WORKSPACE_MOUNT, perms).map_err(|error| {
+            CallError::Host(format!("failed to open workspace {}: {error}", workspace.display()))
+        })?;
     }
     Ok(builder.build())
 }

@@ -106,7 +106,8 @@ mod tests {
 
     #[test]
     fn does_not_fetch_remote_references() {
-        let schema = json!({ "type": "object", "properties": { "a": { "$ref": "https://example.com/s.json" } } });
+        let schema =
+            json!({ "type": "object", "properties": { "a": { "$ref": "https://example.com/s.json" } } });
         assert!(InputSchema::compile(&schema).is_err());
     }
 }

@@ -46,7 +46,8 @@ fn runs_a_batch_from_stdin_with_the_bundled_tools_from_any_directory() {
 #[test]
 fn a_bad_batch_file_fails_naming_the_file_and_block_with_nothing_on_stdout() {
     let dir = tempfile::tempdir().unwrap();
-    std::fs::write(dir.path().join("batch.json"), r#"[{"id":"a","name":"grep"},{"id":7,"name":"grep"}]"#).unwrap();
+    std::fs::write(dir.path().join("batch.json"), r#"[{"id":"a","name":"grep"},{"id":7,"name":"grep"}]"#)
+        .unwrap();
     let output = keel(&["run", "batch.json"], dir.path(), "");
     assert_eq!(output.status.code(), Some(1));
     assert!(output.stdout.is_empty());
@@ -64,8 +65,5 @@ fn a_bad_plugin_fails_naming_the_file() {
     assert_eq!(output.status.code(), Some(1));
     assert!(output.stdout.is_empty());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        stderr.starts_with("error: failed to load plugin evil.wasm: not a WebAssembly file"),
-        "{stderr}"
-    );
+    assert!(stderr.starts_with("error: failed to load plugin evil.wasm: not a WebAssembly file"), "{stderr}");
 }

@@ -33,7 +33,11 @@ fn loads_every_component_of_a_directory() {
     }
     std::fs::write(tools.path().join("README.md"), "not a plugin").unwrap();
     let host = block_on(
-        Host::builder().workspace(workspace.path()).plugins(tools.path()).cache_dir(Some(shared_cache())).build(),
+        Host::builder()
+            .workspace(workspace.path())
+            .plugins(tools.path())
+            .cache_dir(Some(shared_cache()))
+            .build(),
     )
     .unwrap();
     assert_eq!(host.pool().entries().len(), 3);
@@ -83,10 +87,9 @@ fn a_component_without_the_contract_is_refused() {
 
 #[test]
 fn a_component_of_another_contract_version_is_refused_naming_both() {
-    let component = wat::parse_str(
-        r#"(component (instance $guest) (export "keel:tool/guest@0.2.0" (instance $guest)))"#,
-    )
-    .unwrap();
+    let component =
+        wat::parse_str(r#"(component (instance $guest) (export "keel:tool/guest@0.2.0" (instance $guest)))"#)
+            .unwrap();
     assert_eq!(
         load_error(&component),
         "was built against keel tool contract 0.2.0, but this host speaks 0.1.0; \
@@ -96,10 +99,9 @@ fn a_component_of_another_contract_version_is_refused_naming_both() {
 
 #[test]
 fn a_component_missing_an_export_is_refused_naming_it() {
-    let component = wat::parse_str(
-        r#"(component (instance $guest) (export "keel:tool/guest@0.1.0" (instance $guest)))"#,
-    )
-    .unwrap();
+    let component =
+        wat::parse_str(r#"(component (instance $guest) (export "keel:tool/guest@0.1.0" (instance $guest)))"#)
+            .unwrap();
     let error = load_error(&component);
     assert!(error.starts_with("does not export the keel tool contract: "), "{error}");
     assert!(error.contains("metadata") || error.contains("guest"), "{error}");

@@ -46,7 +46,8 @@ fn a_trap_in_each_question_gives_its_fallback() {
         assert!(!healthy.is_destructive().await);
         assert_eq!(healthy.permission_subject().await, Some("subject".into()));
 
-        let mut trapped = tool.invoke(input(&["is_read_only", "is_destructive", "permission_subject"])).await.unwrap();
+        let mut trapped =
+            tool.invoke(input(&["is_read_only", "is_destructive", "permission_subject"])).await.unwrap();
         assert!(!trapped.is_read_only().await, "fallback: assume it writes");
         assert!(trapped.is_destructive().await, "fallback: assume irreversible");
         assert_eq!(trapped.permission_subject().await, None);
@@ -66,7 +67,10 @@ fn traps_in_validation_permission_and_call_fail_only_their_call() {
     let results = block_on(host.run_batch(&batch)).results;
     assert_eq!(
         results[0],
-        ToolResult::error("v", "Invalid input for trap_queries: the tool's input check failed; the call was refused")
+        ToolResult::error(
+            "v",
+            "Invalid input for trap_queries: the tool's input check failed; the call was refused"
+        )
     );
     assert_eq!(
         results[1],

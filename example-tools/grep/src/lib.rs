@@ -56,10 +56,8 @@ impl Tool for Grep {
         if let Err(error) = Regex::new(&input.pattern) {
             bail!("`pattern` is not a valid regex: {error}");
         }
-        if let Some(glob) = &input.glob {
-            if let Err(error) = Glob::new(glob) {
-                bail!("`glob` is not a valid glob: {error}");
-            }
+        if let Some(Err(error)) = input.glob.as_deref().map(Glob::new) {
+            bail!("`glob` is not a valid glob: {error}");
         }
         Ok(())
     }
@@ -163,11 +161,7 @@ mod tests {
     }
 
     fn grep(dir: &Path, pattern: &str, path: Option<&str>, glob: Option<&str>) -> String {
-        let input = Input {
-            pattern: pattern.into(),
-            path: path.map(Into::into),
-            glob: glob.map(Into::into),
-        };
+        let input = Input { pattern: pattern.into(), path: path.map(Into::into), glob: glob.map(Into::into) };
         let cx = Context::new(json!({ "cwd": dir }));
         Grep::call(input, &cx).unwrap().content
     }
@@ -216,7 +210,9 @@ mod tests {
     #[test]
     fn rejects_a_bad_regex_and_a_bad_glob() {
         let bad = Input { pattern: "(".into(), path: None, glob: None };
-        assert!(Grep::validate_input(&bad).unwrap_err().message().starts_with("`pattern` is not a valid regex"));
+        assert!(
+            Grep::validate_input(&bad).unwrap_err().message().starts_with("`pattern` is not a valid regex")
+        );
         let bad = Input { pattern: "x".into(), path: None, glob: Some("[".into()) };
         assert!(Grep::validate_input(&bad).unwrap_err().message().starts_with("`glob` is not a valid glob"));
     }

@@ -60,10 +60,9 @@ impl Tool for WriteFile {
         let shown = display_path(&path);
         let bytes = input.content.len();
         let unit = if bytes == 1 { "byte" } else { "bytes" };
-        Ok(Output::text(format!("Wrote {bytes} {unit} to {shown}"))
-            .with_context_modifier(json!({
-                "files_written": { shown: { "bytes": bytes } }
-            })))
+        Ok(Output::text(format!("Wrote {bytes} {unit} to {shown}")).with_context_modifier(json!({
+            "files_written": { shown: { "bytes": bytes } }
+        })))
     }
 }
 
@@ -73,15 +72,13 @@ pub fn write(path: &Path, content: &str) -> Result<()> {
         std::fs::create_dir_all(parent)
             .map_err(|error| keel_guest::Error::io("failed to create", parent.display(), &error))?;
     }
-    std::fs::write(path, content).map_err(|error| keel_guest::Error::io("failed to write", path.display(), &error))
+    std::fs::write(path, content)
+        .map_err(|error| keel_guest::Error::io("failed to write", path.display(), &error))
 }
 
 /// The path as the model should see it: relative to the workspace mount.
 fn display_path(path: &Path) -> String {
-    path.strip_prefix(keel_guest::WORKSPACE_MOUNT)
-        .unwrap_or(path)
-        .display()
-        .to_string()
+    path.strip_prefix(keel_guest::WORKSPACE_MOUNT).unwrap_or(path).display().to_string()
 }
 
 keel_guest::export!(WriteFile);
@@ -110,10 +107,7 @@ mod tests {
         let cx = Context::new(json!({ "cwd": dir.path() }));
         let output = WriteFile::call(input("notes.txt"), &cx).unwrap();
         let shown = dir.path().join("notes.txt").display().to_string();
-        assert_eq!(
-            output.context_modifier,
-            Some(json!({ "files_written": { shown: { "bytes": 6 } } }))
-        );
+        assert_eq!(output.context_modifier, Some(json!({ "files_written": { shown: { "bytes": 6 } } })));
     }
 
     #[test]

@@ -259,7 +259,8 @@ mod tests {
     fn offset_and_limit_select_lines_and_say_how_to_read_on() {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.txt"), "1\n2\n3\n4\n5\n").unwrap();
-        let out = read(dir.path(), json!({ "file_path": "/workspace/a.txt", "offset": 2, "limit": 2 })).unwrap();
+        let out =
+            read(dir.path(), json!({ "file_path": "/workspace/a.txt", "offset": 2, "limit": 2 })).unwrap();
         assert_eq!(out.content, "     2\t2\n     3\t3\n(lines 2-3 of 5; read on with offset=4)\n");
     }
 

@@ -32,12 +32,12 @@ pub struct RunArgs {
 }
 
 /// Run the batch and print the user message of tool_result blocks.
-pub fn run(args: RunArgs) -> Result<()> {
+pub fn run(args: &RunArgs) -> Result<()> {
     let (text, origin) = read_batch(&args.batch)?;
     let uses = parse_batch(&text, &origin)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let message = runtime.block_on(async {
-        let host = host_builder(&args)?.build().await?;
+        let host = host_builder(args)?.build().await?;
         let outcome = host.run_batch(&uses).await;
         anyhow::Ok(user_message(&outcome.results))
     })?;

@@ -71,11 +71,7 @@ impl Tool for TrapQueries {
         trap_if_named(input, "validate_input");
         // A misspelt name would otherwise make a test pass without the trap
         // it meant to cause.
-        if let Some(unknown) = input
-            .trap_in
-            .iter()
-            .find(|name| !EXPORTS.contains(&name.as_str()))
-        {
+        if let Some(unknown) = input.trap_in.iter().find(|name| !EXPORTS.contains(&name.as_str())) {
             bail!("`trap_in` names `{unknown}`, which is not one of {EXPORTS:?}");
         }
         Ok(())
@@ -104,10 +100,7 @@ mod tests {
     use super::*;
 
     fn input(trap_in: &[&str]) -> Input {
-        Input {
-            trap_in: trap_in.iter().map(|name| name.to_string()).collect(),
-            message: "hi".into(),
-        }
+        Input { trap_in: trap_in.iter().map(|name| name.to_string()).collect(), message: "hi".into() }
     }
 
     #[test]
@@ -118,17 +111,17 @@ mod tests {
         assert!(!TrapQueries::is_destructive(&input));
         assert_eq!(TrapQueries::validate_input(&input), Ok(()));
         assert_eq!(TrapQueries::check_permissions(&input), Permission::Allow);
-        assert_eq!(
-            TrapQueries::permission_subject(&input).as_deref(),
-            Some("hi")
-        );
+        assert_eq!(TrapQueries::permission_subject(&input).as_deref(), Some("hi"));
         let output = TrapQueries::call(input, &Context::workspace_root()).unwrap();
         assert_eq!(output.content, "ok: hi");
     }
 
+    /// An export's name, and a call of it that discards the answer.
+    type Query = (&'static str, fn(Input));
+
     /// The exports that trap for an input whose `trap_in` is `trap_in`.
     fn trapping(trap_in: &[&str]) -> Vec<&'static str> {
-        let queries: [(&'static str, fn(Input)); 7] = [
+        let queries: [Query; 7] = [
             ("is_concurrency_safe", |i| {
                 TrapQueries::is_concurrency_safe(&i);
             }),
@@ -164,10 +157,7 @@ mod tests {
         for &export in EXPORTS {
             assert_eq!(trapping(&[export]), [export]);
         }
-        assert_eq!(
-            trapping(&["call", "is_read_only"]),
-            ["is_read_only", "call"]
-        );
+        assert_eq!(trapping(&["call", "is_read_only"]), ["is_read_only", "call"]);
     }
 
     #[test]

@@ -1,0 +1,5 @@
+struct NotATool;
+
+keel_guest::export!(NotATool);
+
+fn main() {}

@@ -1,0 +1,3 @@
+keel_guest::export!(42);
+
+fn main() {}

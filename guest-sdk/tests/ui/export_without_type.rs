@@ -1,0 +1,3 @@
+keel_guest::export!();
+
+fn main() {}
