@@ -27,6 +27,14 @@ pub enum Error {
         /// What was wrong with it.
         reason: String,
     },
+    /// The configuration file is invalid.
+    #[error("invalid config {}: {reason}", path.display())]
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and where.
+        reason: String,
+    },
     /// The wasmtime engine could not be set up.
     #[error("failed to set up the WebAssembly engine: {0}")]
     Engine(String),

@@ -8,6 +8,7 @@ use cap_std::fs::Dir;
 
 use crate::batch::ToolUse;
 use crate::builtin;
+use crate::config::Config;
 use crate::context;
 use crate::engine::{Runtime, default_cache_dir};
 use crate::error::{Error, Result};
@@ -29,6 +30,7 @@ pub struct HostBuilder {
     limits: Limits,
     cache_dir: Option<PathBuf>,
     builtins: bool,
+    config: Config,
 }
 
 impl HostBuilder {
@@ -57,6 +59,12 @@ impl HostBuilder {
         self
     }
 
+    /// Apply a configuration file: its limits override [`Self::limits`].
+    pub fn config(mut self, config: Config) -> Self {
+        self.config = config;
+        self
+    }
+
     /// Whether the built-in tools (such as `Read`) are in the pool.
     pub fn builtins(mut self, yes: bool) -> Self {
         self.builtins = yes;
@@ -72,7 +80,8 @@ impl HostBuilder {
         };
         let workspace =
             workspace.canonicalize().map_err(|error| Error::io("open workspace", &workspace, error))?;
-        let runtime = Arc::new(Runtime::new(&self.limits, self.cache_dir)?);
+        let limits = self.config.limits.apply(self.limits);
+        let runtime = Arc::new(Runtime::new(&limits, self.cache_dir)?);
 
         let mut builtins: Vec<Arc<dyn Tool>> = Vec::new();
         if self.builtins {
@@ -84,7 +93,7 @@ impl HostBuilder {
         let mut reports = Vec::new();
         for path in &self.plugin_paths {
             for file in plugin_files(path)? {
-                let plugin = PluginTool::load(&runtime, &file, &workspace, &self.limits).await?;
+                let plugin = PluginTool::load(&runtime, &file, &workspace, &limits).await?;
                 reports.push((plugin.spec().name.clone(), plugin.load_report().clone()));
                 plugins.push(Arc::new(plugin));
             }
@@ -116,6 +125,7 @@ impl Host {
             limits: Limits::default(),
             cache_dir: default_cache_dir(),
             builtins: true,
+            config: Config::default(),
         }
     }
 

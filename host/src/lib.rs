@@ -30,6 +30,7 @@
 pub mod batch;
 mod bindings;
 pub mod builtin;
+pub mod config;
 pub mod context;
 pub mod engine;
 pub mod error;

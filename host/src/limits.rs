@@ -1,6 +1,8 @@
 //! Per-call sandbox limits and their defaults.
 
 use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use serde::Serialize;
@@ -38,6 +40,49 @@ impl Default for Limits {
             table_elements: 100_000,
             stack: 1 << 20,
         }
+    }
+}
+
+/// The fuel allowance of one whole batch, shared by its calls: however a batch
+/// is split, together its calls burn no more than this.
+#[derive(Clone, Debug)]
+pub struct BatchFuel {
+    left: Arc<AtomicU64>,
+    total: u64,
+}
+
+impl BatchFuel {
+    /// An allowance of `total` fuel.
+    pub fn new(total: u64) -> Self {
+        BatchFuel { left: Arc::new(AtomicU64::new(total)), total }
+    }
+
+    /// The allowance it started with.
+    pub fn total(&self) -> u64 {
+        self.total
+    }
+
+    /// What is left.
+    pub fn left(&self) -> u64 {
+        self.left.load(Ordering::Relaxed)
+    }
+
+    /// Take up to `want` fuel; returns what was granted (0 when spent).
+    pub fn take(&self, want: u64) -> u64 {
+        let mut left = self.left.load(Ordering::Relaxed);
+        loop {
+            let granted = want.min(left);
+            match self.left.compare_exchange_weak(left, left - granted, Ordering::Relaxed, Ordering::Relaxed)
+            {
+                Ok(_) => return granted,
+                Err(actual) => left = actual,
+            }
+        }
+    }
+
+    /// Return fuel that was taken and not burnt.
+    pub fn give_back(&self, unused: u64) {
+        self.left.fetch_add(unused, Ordering::Relaxed);
     }
 }
 
@@ -82,6 +127,18 @@ pub fn human_bytes(bytes: usize) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn batch_fuel_is_shared_and_never_overdrawn() {
+        let fuel = BatchFuel::new(100);
+        let other = fuel.clone();
+        assert_eq!(fuel.take(60), 60);
+        assert_eq!(other.take(60), 40, "only what is left");
+        assert_eq!(fuel.take(1), 0);
+        other.give_back(15);
+        assert_eq!(fuel.left(), 15);
+        assert_eq!(fuel.total(), 100);
+    }
 
     #[test]
     fn human_bytes_uses_the_largest_exact_unit() {

@@ -368,6 +368,10 @@ impl Invocation for PluginInvocation {
         self.decide_grant().await
     }
 
+    fn park(&mut self) {
+        self.sandbox = None;
+    }
+
     async fn is_concurrency_safe(&mut self) -> bool {
         ask_input!(self, "is-concurrency-safe", false, |g, s, i| g.call_is_concurrency_safe(s, i))
     }

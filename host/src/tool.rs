@@ -12,7 +12,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::Value;
 
-use crate::limits::LimitKind;
+use crate::limits::{BatchFuel, LimitKind};
 
 /// Everything about a tool that does not depend on its input, read once.
 #[derive(Clone, Debug, Serialize)]
@@ -236,6 +236,17 @@ pub trait Invocation: Send {
 
     /// Replace the input, after a permission decision updated it.
     fn set_input(&mut self, input: Value);
+
+    /// Draw this call's fuel, its questions included, from `fuel`, the
+    /// allowance of the whole batch. Default: nothing to draw (native tools
+    /// burn no fuel).
+    fn share_batch_fuel(&mut self, fuel: BatchFuel) {
+        let _ = fuel;
+    }
+
+    /// Release what the call holds while it waits its turn (a plugin's live
+    /// sandbox), keeping its answers. Default: nothing held.
+    fn park(&mut self) {}
 
     /// Run the call.
     async fn call(self: Box<Self>, cx: CallContext) -> Result<CallOutput, CallError>;

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use keel_host::batch::{parse_batch, user_message};
+use keel_host::config::Config;
 use keel_host::{Host, HostBuilder};
 
 /// Arguments of `keel run`.
@@ -22,6 +23,10 @@ pub struct RunArgs {
     /// `$XDG_CACHE_HOME/keel`, else `~/.cache/keel`.
     #[arg(long, value_name = "DIR", conflicts_with = "no_cache")]
     cache_dir: Option<PathBuf>,
+    /// The configuration file. Default: `keel.toml` in the current
+    /// directory, when there is one.
+    #[arg(long, value_name = "PATH")]
+    config: Option<PathBuf>,
     /// Compile every tool afresh and cache nothing.
     #[arg(long)]
     no_cache: bool,
@@ -58,7 +63,8 @@ fn read_batch(batch: &str) -> Result<(String, String)> {
 /// A host builder for the common flags: plugins (or the bundled tools),
 /// workspace and cache.
 pub fn host_builder(args: &RunArgs) -> Result<HostBuilder> {
-    let mut builder = Host::builder();
+    let (config, _) = Config::discover(args.config.as_deref(), &std::env::current_dir()?)?;
+    let mut builder = Host::builder().config(config);
     if args.plugins.is_empty() {
         builder = builder.plugins(bundled_tools()?);
     }

@@ -1,0 +1,131 @@
+//! `keel.toml`: the host's configuration file.
+//!
+//! Every section is optional; a missing file is the defaults. Unknown keys are
+//! errors naming the file and the key, so a typo never silently loosens or
+//! tightens anything.
+//!
+//! ```toml
+//! # Calls of one concurrency-safe run in flight at once (default 10).
+//! max_tool_use_concurrency = 4
+//!
+//! [limits]          # per call; see `Limits` for each default
+//! fuel = 10_000_000_000
+//! deadline_ms = 30_000
+//! memory_mib = 256
+//! ```
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+use crate::limits::Limits;
+
+/// The file name looked for in the working directory.
+pub const FILE_NAME: &str = "keel.toml";
+
+/// The parsed configuration.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Calls of one concurrency-safe run in flight at once; overrides
+    /// `KEEL_MAX_TOOL_USE_CONCURRENCY`.
+    pub max_tool_use_concurrency: Option<usize>,
+    /// Overrides of the per-call sandbox limits.
+    #[serde(default)]
+    pub limits: LimitsConfig,
+}
+
+/// `[limits]`: overrides of [`Limits`]; a key left out keeps its default.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct LimitsConfig {
+    /// Fuel per call.
+    pub fuel: Option<u64>,
+    /// Wall-clock deadline per call, in milliseconds.
+    pub deadline_ms: Option<u64>,
+    /// Linear memory per call, in MiB.
+    pub memory_mib: Option<usize>,
+    /// Elements per table.
+    pub table_elements: Option<usize>,
+    /// WASM stack, in KiB.
+    pub stack_kib: Option<usize>,
+}
+
+impl LimitsConfig {
+    /// `defaults` with these overrides applied.
+    pub fn apply(&self, defaults: Limits) -> Limits {
+        Limits {
+            fuel: self.fuel.unwrap_or(defaults.fuel),
+            deadline: self.deadline_ms.map_or(defaults.deadline, std::time::Duration::from_millis),
+            memory: self.memory_mib.map_or(defaults.memory, |mib| mib << 20),
+            table_elements: self.table_elements.unwrap_or(defaults.table_elements),
+            stack: self.stack_kib.map_or(defaults.stack, |kib| kib << 10),
+        }
+    }
+}
+
+impl Config {
+    /// Parse configuration text; `origin` names it in errors.
+    pub fn parse(text: &str, origin: &Path) -> Result<Self> {
+        toml::from_str(text).map_err(|error| Error::Config {
+            path: origin.to_path_buf(),
+            reason: error.message().to_string() + &location(text, error.span()),
+        })
+    }
+
+    /// Read `path`.
+    pub fn load(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|error| Error::io("read", path, error))?;
+        Config::parse(&text, path)
+    }
+
+    /// `--config PATH` when given, else `keel.toml` in `dir` when it exists,
+    /// else the defaults. Returns the file read, if any.
+    pub fn discover(explicit: Option<&Path>, dir: &Path) -> Result<(Self, Option<PathBuf>)> {
+        if let Some(path) = explicit {
+            return Ok((Config::load(path)?, Some(path.to_path_buf())));
+        }
+        let path = dir.join(FILE_NAME);
+        if path.is_file() { Ok((Config::load(&path)?, Some(path))) } else { Ok((Config::default(), None)) }
+    }
+}
+
+/// ` at line L, column C` for a span of `text`.
+fn location(text: &str, span: Option<std::ops::Range<usize>>) -> String {
+    let Some(span) = span else { return String::new() };
+    let before = &text[..span.start.min(text.len())];
+    let line = before.matches('\n').count() + 1;
+    let column = before.len() - before.rfind('\n').map_or(0, |at| at + 1) + 1;
+    format!(" (line {line}, column {column})")
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn limits_override_only_what_is_set() {
+        let config = Config::parse("[limits]\nfuel = 5\nmemory_mib = 8\n", Path::new("keel.toml")).unwrap();
+        let limits = config.limits.apply(Limits::default());
+        assert_eq!(limits.fuel, 5);
+        assert_eq!(limits.memory, 8 << 20);
+        assert_eq!(limits.deadline, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn an_unknown_key_is_an_error_naming_file_key_and_line() {
+        let error = Config::parse("[limits]\nfeul = 5\n", Path::new("conf/keel.toml")).unwrap_err();
+        let text = error.to_string();
+        assert!(text.starts_with("invalid config conf/keel.toml: unknown field `feul`"), "{text}");
+        assert!(text.ends_with("(line 2, column 1)"), "{text}");
+    }
+
+    #[test]
+    fn a_missing_file_is_the_defaults() {
+        let dir = tempfile::tempdir().unwrap();
+        assert_eq!(Config::discover(None, dir.path()).unwrap(), (Config::default(), None));
+    }
+}
