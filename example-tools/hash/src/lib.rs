@@ -1,0 +1,124 @@
+//! `hash`: sha256 of a text or a file, optionally iterated — real CPU work.
+
+use keel_guest::{Context, Output, Result, Tool, bail};
+use schemars::JsonSchema;
+use serde::Deserialize;
+use sha2::{Digest, Sha256};
+
+/// Most rounds one call may ask for: enough for a long CPU-bound call, not
+/// enough to be a typo that runs for an hour.
+pub const MAX_ROUNDS: u64 = 100_000_000;
+
+/// Input of `hash`: exactly one of `text` and `file_path`.
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    /// Text to hash.
+    #[serde(default)]
+    pub text: Option<String>,
+    /// File to hash, relative to the working directory.
+    #[serde(default)]
+    pub file_path: Option<String>,
+    /// How many times to apply sha256, each round hashing the previous digest.
+    /// Default: 1.
+    #[serde(default)]
+    pub rounds: Option<u64>,
+}
+
+/// The `hash` tool.
+pub struct Hash;
+
+impl Tool for Hash {
+    type Input = Input;
+    const NAME: &str = "hash";
+    const DESCRIPTION: &str = "Computes the sha256 of a text or of a file, in hex; with `rounds`, \
+        hashes the digest again that many times.";
+    const SEARCH_HINT: Option<&str> = Some("sha256 digest of text or a file");
+
+    fn is_concurrency_safe(_input: &Input) -> bool {
+        true
+    }
+
+    fn is_read_only(_input: &Input) -> bool {
+        true
+    }
+
+    fn validate_input(input: &Input) -> Result<()> {
+        match (&input.text, &input.file_path) {
+            (Some(_), Some(_)) => bail!("give either `text` or `file_path`, not both"),
+            (None, None) => bail!("give `text` or `file_path`"),
+            _ => {}
+        }
+        match input.rounds {
+            Some(0) => bail!("`rounds` must be at least 1"),
+            Some(rounds) if rounds > MAX_ROUNDS => bail!("`rounds` must be at most {MAX_ROUNDS}"),
+            _ => Ok(()),
+        }
+    }
+
+    fn call(input: Input, cx: &Context) -> Result<Output> {
+        let bytes = match (&input.text, &input.file_path) {
+            (Some(text), _) => text.clone().into_bytes(),
+            (None, Some(path)) => std::fs::read(cx.resolve(path))
+                .map_err(|error| keel_guest::Error::io("cannot read", path, &error))?,
+            (None, None) => bail!("give `text` or `file_path`"),
+        };
+        Ok(Output::text(hex(&digest(&bytes, input.rounds.unwrap_or(1)))))
+    }
+}
+
+/// sha256 of `bytes`, then of each digest again, `rounds` times in all.
+pub fn digest(bytes: &[u8], rounds: u64) -> [u8; 32] {
+    let mut digest: [u8; 32] = Sha256::digest(bytes).into();
+    for _ in 1..rounds {
+        digest = Sha256::digest(digest).into();
+    }
+    digest
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+keel_guest::export!(Hash);
+
+#[cfg(test)]
+mod tests {
+    use keel_guest::json;
+
+    use super::*;
+
+    fn text(text: &str, rounds: Option<u64>) -> Input {
+        Input { text: Some(text.into()), file_path: None, rounds }
+    }
+
+    #[test]
+    fn hashes_text_like_sha256sum() {
+        let out = Hash::call(text("abc", None), &Context::workspace_root()).unwrap();
+        assert_eq!(out.content, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+    }
+
+    #[test]
+    fn rounds_hash_the_digest_again() {
+        let twice = Hash::call(text("abc", Some(2)), &Context::workspace_root()).unwrap().content;
+        assert_eq!(twice, hex(&Sha256::digest(digest(b"abc", 1))));
+    }
+
+    #[test]
+    fn hashes_a_file() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f"), "abc").unwrap();
+        let cx = Context::new(json!({ "cwd": dir.path() }));
+        let input = Input { text: None, file_path: Some("f".into()), rounds: None };
+        assert_eq!(Hash::call(input, &cx).unwrap().content, hex(&digest(b"abc", 1)));
+    }
+
+    #[test]
+    fn wants_exactly_one_source_and_sane_rounds() {
+        let both = Input { text: Some("a".into()), file_path: Some("b".into()), rounds: None };
+        assert_eq!(Hash::validate_input(&both).unwrap_err().message(), "give either `text` or `file_path`, not both");
+        let none = Input { text: None, file_path: None, rounds: None };
+        assert_eq!(Hash::validate_input(&none).unwrap_err().message(), "give `text` or `file_path`");
+        assert_eq!(Hash::validate_input(&text("a", Some(0))).unwrap_err().message(), "`rounds` must be at least 1");
+    }
+}
