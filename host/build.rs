@@ -8,8 +8,13 @@
 mod guests;
 
 /// The tools shipped with the host, with their directories in the workspace.
-const BUNDLED_TOOLS: &[(&str, &str)] =
-    &[("keel-tool-grep", "example-tools/grep"), ("keel-tool-write-file", "example-tools/write_file")];
+const BUNDLED_TOOLS: &[(&str, &str)] = &[
+    ("keel-tool-cd", "example-tools/cd"),
+    ("keel-tool-grep", "example-tools/grep"),
+    ("keel-tool-hash", "example-tools/hash"),
+    ("keel-tool-sleep", "example-tools/sleep"),
+    ("keel-tool-write-file", "example-tools/write_file"),
+];
 
 fn main() {
     println!("cargo:rerun-if-env-changed=KEEL_SKIP_GUEST_BUILD");

@@ -6,7 +6,10 @@ mod guests;
 
 /// The guests the tests load, with their directories in the workspace.
 const TEST_GUESTS: &[(&str, &str)] = &[
+    ("keel-tool-cd", "example-tools/cd"),
     ("keel-tool-grep", "example-tools/grep"),
+    ("keel-tool-hash", "example-tools/hash"),
+    ("keel-tool-sleep", "example-tools/sleep"),
     ("keel-tool-write-file", "example-tools/write_file"),
     ("keel-guest-trap-queries", "tests/guests/trap-queries"),
 ];
