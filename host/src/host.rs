@@ -7,6 +7,7 @@ use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 
 use crate::batch::ToolUse;
+use crate::events::Event;
 use crate::builtin;
 use crate::config::Config;
 use crate::context;
@@ -15,7 +16,7 @@ use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::plugin::{LoadReport, PluginTool, plugin_files};
 use crate::pool::ToolPool;
-use crate::runner::{self, BatchOutcome};
+use crate::scheduler::{self, BatchOutcome, Interrupt, RunOptions};
 use crate::tool::Tool;
 
 /// Builds a [`Host`].
@@ -102,7 +103,11 @@ impl HostBuilder {
         for warning in &warnings {
             tracing::warn!("{warning}");
         }
-        Ok(Host { runtime, pool, workspace, warnings, reports })
+        let options = RunOptions {
+            cap: scheduler::max_tool_use_concurrency(self.config.max_tool_use_concurrency),
+            batch_fuel: None,
+        };
+        Ok(Host { runtime, pool: Arc::new(pool), workspace, warnings, reports, options })
     }
 }
 
@@ -110,10 +115,11 @@ impl HostBuilder {
 pub struct Host {
     #[expect(dead_code, reason = "kept alive for the plugins' sandboxes; the scheduler will use it")]
     runtime: Arc<Runtime>,
-    pool: ToolPool,
+    pool: Arc<ToolPool>,
     workspace: PathBuf,
     warnings: Vec<String>,
     reports: Vec<(String, LoadReport)>,
+    options: RunOptions,
 }
 
 impl Host {
@@ -149,8 +155,61 @@ impl Host {
         &self.reports
     }
 
-    /// Run a batch, one call at a time in order, from a fresh context.
+    /// The concurrency cap: calls of one concurrency-safe run in flight at once.
+    pub fn max_tool_use_concurrency(&self) -> usize {
+        self.options.cap
+    }
+
+    /// Start running a batch from `context` (see [`context::initial`]) on
+    /// the current tokio runtime. Its events can be read as it runs; it can
+    /// be interrupted; [`BatchRun::finish`] waits for its outcome.
+    pub fn start_batch(&self, uses: Vec<ToolUse>, context: serde_json::Value) -> BatchRun {
+        let (sender, events) = tokio::sync::mpsc::unbounded_channel();
+        let interrupt = Interrupt::new();
+        let task = tokio::spawn(scheduler::run(
+            self.pool.clone(),
+            uses,
+            context,
+            self.options.clone(),
+            sender,
+            interrupt.clone(),
+        ));
+        BatchRun { events, interrupt, task }
+    }
+
+    /// Run a batch from a fresh context and wait for its outcome.
     pub async fn run_batch(&self, uses: &[ToolUse]) -> BatchOutcome {
-        runner::run_in_order(&self.pool, uses, context::initial()).await
+        self.start_batch(uses.to_vec(), context::initial()).finish().await
+    }
+}
+
+/// A batch running in the background.
+pub struct BatchRun {
+    events: tokio::sync::mpsc::UnboundedReceiver<Event>,
+    interrupt: Interrupt,
+    task: tokio::task::JoinHandle<BatchOutcome>,
+}
+
+impl BatchRun {
+    /// The next event; `None` once the batch has finished and every event
+    /// was read.
+    pub async fn next_event(&mut self) -> Option<Event> {
+        self.events.recv().await
+    }
+
+    /// A handle that interrupts this batch.
+    pub fn interrupter(&self) -> Interrupt {
+        self.interrupt.clone()
+    }
+
+    /// Wait for the batch to finish, dropping events not yet read.
+    pub async fn finish(self) -> BatchOutcome {
+        drop(self.events);
+        match self.task.await {
+            Ok(outcome) => outcome,
+            // The scheduler does not panic on any input; if it ever did,
+            // resuming the panic is better than inventing results.
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
+        }
     }
 }

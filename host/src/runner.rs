@@ -1,77 +1,103 @@
-//! Running a batch: every `tool_use` gets exactly one `tool_result`, in order.
-//!
-//! For each call: resolve the name, check the input against the schema, ask
-//! the tool's own `validate-input`, then `check-permissions`, then run it in a
-//! fresh sandbox. Calls run one at a time, in order, and each sees the context
-//! changes of the ones before it.
+//! One call, step by step: resolve the name, check the input against the
+//! schema, ask the per-input questions (planning), then at its turn ask the
+//! tool's own `validate-input`, then `check-permissions`, and run it.
 
 use serde_json::Value;
 
 use crate::batch::{ToolResult, ToolUse};
-use crate::context;
+use crate::limits::BatchFuel;
 use crate::pool::{PoolEntry, ToolPool};
-use crate::tool::{CallContext, CallError, Invocation, PermissionDecision};
+use crate::scheduler::Interrupt;
+use crate::tool::{CallContext, CallError, InterruptBehavior, Invocation, PermissionDecision};
 
-/// What running a batch produced.
-#[derive(Clone, Debug, PartialEq)]
-pub struct BatchOutcome {
-    /// One result per `tool_use`, in the order of the batch.
-    pub results: Vec<ToolResult>,
-    /// The shared context after every modifier was applied.
-    pub context: Value,
-}
+/// The result text of a call that never started because of an interrupt.
+pub const NOT_STARTED: &str = "Interrupted: the call was not started.";
+/// The result text of a running call stopped by an interrupt.
+pub const STOPPED: &str = "Interrupted: the call was stopped before it finished.";
 
-/// A call that passed every check, ready to run.
+/// A call whose tool and input are known good, planned but not yet run.
 pub struct Prepared {
     /// The id of its `tool_use`.
     pub id: String,
-    /// The name the model used.
+    /// The tool's name.
     pub name: String,
-    invocation: Box<dyn Invocation>,
-    /// Whether it may run beside other safe calls.
+    /// Whether it may run beside other safe calls: its input passed the
+    /// schema and `is-concurrency-safe` said yes without trapping.
     pub concurrency_safe: bool,
+    interrupt: InterruptBehavior,
+    invocation: Box<dyn Invocation>,
 }
 
-/// Check one call up to the point where it can run; an `Err` is its result.
-pub async fn prepare(pool: &ToolPool, tool_use: &ToolUse) -> Result<Prepared, ToolResult> {
+/// Plan one call: resolve it, check its input against the schema, and ask
+/// whether it is concurrency-safe. An `Err` is the call's result.
+pub async fn prepare(pool: &ToolPool, tool_use: &ToolUse, fuel: Option<&BatchFuel>) -> Result<Prepared, ToolResult> {
     let fail = |message: String| ToolResult::error(&tool_use.id, message);
     let Some(entry) = pool.get(&tool_use.name) else {
         return Err(fail(unknown_tool(pool, &tool_use.name)));
     };
-    let name = &entry.tool.spec().name;
+    let spec = entry.tool.spec();
     let input =
-        tool_use.input.as_ref().map_err(|reason| fail(format!("Invalid input for {name}: {reason}")))?;
+        tool_use.input.as_ref().map_err(|reason| fail(format!("Invalid input for {}: {reason}", spec.name)))?;
     check_schema(entry, input).map_err(&fail)?;
-    let mut invocation =
-        entry.tool.invoke(input.clone()).await.map_err(|error| fail(call_failed(name, &error)))?;
-    if let Err(reason) = invocation.validate_input().await {
-        return Err(fail(format!("Invalid input for {name}: {reason}")));
-    }
-    match invocation.check_permissions().await {
-        PermissionDecision::Allow(None) => {}
-        PermissionDecision::Allow(Some(updated)) => {
-            check_schema(entry, &updated).map_err(&fail)?;
-            invocation.set_input(updated);
-        }
-        PermissionDecision::Deny(message) => {
-            return Err(fail(format!("Permission to use {name} denied: {message}")));
-        }
-        PermissionDecision::Ask(message) => {
-            return Err(fail(format!(
-                "{name} requires approval, and no one can be asked in this run: {message}"
-            )));
-        }
+    let mut invocation = entry.tool.invoke(input.clone()).await.map_err(|error| fail(call_failed(&spec.name, &error)))?;
+    if let Some(fuel) = fuel {
+        invocation.share_batch_fuel(fuel.clone());
     }
     let concurrency_safe = invocation.is_concurrency_safe().await;
-    Ok(Prepared { id: tool_use.id.clone(), name: name.clone(), invocation, concurrency_safe })
+    Ok(Prepared {
+        id: tool_use.id.clone(),
+        name: spec.name.clone(),
+        concurrency_safe,
+        interrupt: spec.interrupt,
+        invocation,
+    })
 }
 
 impl Prepared {
-    /// Run the call with the shared `context`.
-    pub async fn run(self, cx: CallContext) -> (ToolResult, Option<Value>) {
-        match self.invocation.call(cx).await {
+    /// Release what the call holds while it waits for its turn.
+    pub fn park(&mut self) {
+        self.invocation.park();
+    }
+
+    /// A short phrase for a progress display.
+    pub async fn activity(&mut self) -> Option<String> {
+        self.invocation.activity_description().await
+    }
+
+    /// At the call's turn: the tool's own validation, then its permission
+    /// check (only when validation passed), then the call itself. An
+    /// interrupt stops a `cancel` call; a `block` call runs to its end.
+    pub async fn run(mut self, pool: &ToolPool, cx: CallContext, interrupt: &Interrupt) -> (ToolResult, Option<Value>) {
+        let fail = |message: String| (ToolResult::error(&self.id, message), None);
+        let name = self.name.clone();
+        if let Err(reason) = self.invocation.validate_input().await {
+            return fail(format!("Invalid input for {name}: {reason}"));
+        }
+        match self.invocation.check_permissions().await {
+            PermissionDecision::Allow(None) => {}
+            PermissionDecision::Allow(Some(updated)) => {
+                let entry = pool.get(&name).expect("a prepared call's tool is in the pool");
+                if let Err(reason) = check_schema(entry, &updated) {
+                    return fail(reason);
+                }
+                self.invocation.set_input(updated);
+            }
+            PermissionDecision::Deny(message) => return fail(format!("Permission to use {name} denied: {message}")),
+            PermissionDecision::Ask(message) => {
+                return fail(format!("{name} requires approval, and no one can be asked in this run: {message}"));
+            }
+        }
+        let call = self.invocation.call(cx);
+        let outcome = match self.interrupt {
+            InterruptBehavior::Block => call.await,
+            InterruptBehavior::Cancel => tokio::select! {
+                outcome = call => outcome,
+                () = interrupt.interrupted() => return fail(STOPPED.into()),
+            },
+        };
+        match outcome {
             Ok(output) => (ToolResult::ok(&self.id, output.content), output.context_modifier),
-            Err(error) => (ToolResult::error(&self.id, call_failed(&self.name, &error)), None),
+            Err(error) => fail(call_failed(&name, &error)),
         }
     }
 }
@@ -93,23 +119,4 @@ fn call_failed(name: &str, error: &CallError) -> String {
         CallError::Tool(message) => message.clone(),
         other => format!("{name} failed: {other}"),
     }
-}
-
-/// Run `uses` one at a time, in order, starting from `context`.
-pub async fn run_in_order(pool: &ToolPool, uses: &[ToolUse], mut context: Value) -> BatchOutcome {
-    let mut results = Vec::with_capacity(uses.len());
-    for tool_use in uses {
-        let result = match prepare(pool, tool_use).await {
-            Err(result) => result,
-            Ok(prepared) => {
-                let (result, modifier) = prepared.run(CallContext::new(context.clone())).await;
-                if let Some(patch) = modifier {
-                    context::apply(&mut context, &patch);
-                }
-                result
-            }
-        };
-        results.push(result);
-    }
-    BatchOutcome { results, context }
 }

@@ -25,12 +25,13 @@ fn trapping(id: &str, exports: &[&str]) -> ToolUse {
 fn a_trap_in_is_concurrency_safe_answers_false_and_the_call_still_runs() {
     let (_workspace, host) = host();
     block_on(async {
-        let healthy = prepare(host.pool(), &trapping("healthy", &[])).await.unwrap();
+        let healthy = prepare(host.pool(), &trapping("healthy", &[]), None).await.unwrap();
         assert!(healthy.concurrency_safe, "the guest's own answer is true");
 
-        let trapped = prepare(host.pool(), &trapping("trapped", &["is_concurrency_safe"])).await.unwrap();
+        let trapped = prepare(host.pool(), &trapping("trapped", &["is_concurrency_safe"]), None).await.unwrap();
         assert!(!trapped.concurrency_safe, "a trap falls back to false");
-        let (result, _) = trapped.run(keel_host::tool::CallContext::new(keel_host::context::initial())).await;
+        let cx = keel_host::tool::CallContext::new(keel_host::context::initial());
+        let (result, _) = trapped.run(host.pool(), cx, &keel_host::Interrupt::new()).await;
         assert_eq!(result, ToolResult::ok("trapped", "ok: trapped"));
     });
 }

@@ -1,0 +1,101 @@
+//! What a batch run reports as it goes.
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::batch::ToolResult;
+use crate::partition::Group;
+
+/// One event of a batch run. Serialized as one JSON object with a `type`.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub enum Event {
+    /// How the batch was cut: runs that may go in parallel, calls that go alone.
+    BatchPlan {
+        /// The groups, in order.
+        batches: Vec<PlannedGroup>,
+    },
+    /// A call began to run.
+    CallStarted {
+        /// Its `tool_use` id.
+        tool_use_id: String,
+        /// The tool's name.
+        tool: String,
+        /// What it is doing, for a progress display.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        activity: Option<String>,
+    },
+    /// A running call reported progress; sent the moment the tool sent it.
+    Progress {
+        /// Its `tool_use` id.
+        tool_use_id: String,
+        /// What the tool reported.
+        data: Value,
+    },
+    /// A call ended.
+    CallFinished {
+        /// Its `tool_use` id.
+        tool_use_id: String,
+        /// Whether it failed.
+        is_error: bool,
+    },
+    /// A call's result, in the order of the batch: it waits for the results
+    /// of the calls before it.
+    ToolResult {
+        /// Its `tool_use` id.
+        tool_use_id: String,
+        /// What the model reads.
+        content: String,
+        /// Whether the call failed.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        is_error: bool,
+    },
+    /// Every call of the batch has its result.
+    BatchFinished {
+        /// Calls in the batch.
+        calls: usize,
+        /// Calls whose result is an error.
+        errors: usize,
+        /// Whether the batch was interrupted.
+        #[serde(skip_serializing_if = "std::ops::Not::not")]
+        interrupted: bool,
+    },
+}
+
+/// One group of the plan, by `tool_use` ids.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct PlannedGroup {
+    /// Whether its calls may overlap.
+    pub concurrent: bool,
+    /// Its calls.
+    pub tool_use_ids: Vec<String>,
+}
+
+impl PlannedGroup {
+    /// The group `group` of a batch whose ids are `ids`.
+    pub fn new(group: &Group, ids: &[String]) -> Self {
+        PlannedGroup { concurrent: group.concurrent, tool_use_ids: ids[group.calls.clone()].to_vec() }
+    }
+}
+
+impl Event {
+    /// The event that carries `result`.
+    pub fn tool_result(result: &ToolResult) -> Self {
+        Event::ToolResult {
+            tool_use_id: result.tool_use_id.clone(),
+            content: result.content.clone(),
+            is_error: result.is_error,
+        }
+    }
+
+    /// The `tool_use` id the event concerns, if it concerns one call.
+    pub fn tool_use_id(&self) -> Option<&str> {
+        match self {
+            Event::CallStarted { tool_use_id, .. }
+            | Event::Progress { tool_use_id, .. }
+            | Event::CallFinished { tool_use_id, .. }
+            | Event::ToolResult { tool_use_id, .. } => Some(tool_use_id),
+            Event::BatchPlan { .. } | Event::BatchFinished { .. } => None,
+        }
+    }
+}

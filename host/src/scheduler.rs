@@ -1,0 +1,260 @@
+//! Running a batch (DESIGN.md §3): plan every call, cut the batch into runs
+//! of concurrency-safe calls and single unsafe calls, run each run with at
+//! most `cap` calls in flight and each unsafe call alone, and hand back
+//! exactly one result per `tool_use`, in order.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use crate::batch::{ToolResult, ToolUse};
+use crate::context;
+use crate::events::{Event, PlannedGroup};
+use crate::limits::BatchFuel;
+use crate::partition::{Group, partition};
+use crate::pool::ToolPool;
+use crate::runner::{self, NOT_STARTED, Prepared};
+use crate::tool::CallContext;
+
+/// The default concurrency cap, and what a non-numeric or zero setting means.
+pub const DEFAULT_MAX_TOOL_USE_CONCURRENCY: usize = 10;
+
+/// Calls a batch may hold live sandboxes for while they wait their turn;
+/// past this, waiting calls release theirs and start afresh at their turn,
+/// so one huge batch cannot exhaust the instance pool.
+const MAX_WAITING_SANDBOXES: usize = 64;
+
+/// The concurrency cap: `configured` when set and positive, else
+/// `KEEL_MAX_TOOL_USE_CONCURRENCY`, else 10. A non-numeric or zero value
+/// means 10.
+pub fn max_tool_use_concurrency(configured: Option<usize>) -> usize {
+    match configured {
+        Some(cap) if cap > 0 => cap,
+        _ => parse_cap(std::env::var("KEEL_MAX_TOOL_USE_CONCURRENCY").ok().as_deref()),
+    }
+}
+
+fn parse_cap(value: Option<&str>) -> usize {
+    value
+        .and_then(|text| text.trim().parse::<usize>().ok())
+        .filter(|&cap| cap > 0)
+        .unwrap_or(DEFAULT_MAX_TOOL_USE_CONCURRENCY)
+}
+
+/// How a batch runs.
+#[derive(Clone, Debug)]
+pub struct RunOptions {
+    /// Calls of one concurrency-safe run in flight at once.
+    pub cap: usize,
+    /// Fuel the whole batch may burn, shared by its calls; `None`: no batch
+    /// allowance beyond each call's own.
+    pub batch_fuel: Option<u64>,
+}
+
+/// Interrupts a running batch: calls not started are not started, running
+/// `cancel` calls stop, `block` calls run to their end. Every call still gets
+/// exactly one result.
+#[derive(Clone, Debug, Default)]
+pub struct Interrupt(CancellationToken);
+
+impl Interrupt {
+    /// A fresh, untriggered interrupt.
+    pub fn new() -> Self {
+        Interrupt::default()
+    }
+
+    /// Interrupt the batch.
+    pub fn interrupt(&self) {
+        self.0.cancel();
+    }
+
+    /// Whether the batch was interrupted.
+    pub fn is_interrupted(&self) -> bool {
+        self.0.is_cancelled()
+    }
+
+    /// Resolves once the batch is interrupted.
+    pub async fn interrupted(&self) {
+        self.0.cancelled().await;
+    }
+}
+
+/// What running a batch produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchOutcome {
+    /// One result per `tool_use`, in the order of the batch.
+    pub results: Vec<ToolResult>,
+    /// The shared context after every modifier was applied.
+    pub context: Value,
+}
+
+/// Where events go.
+type Events = mpsc::UnboundedSender<Event>;
+
+fn emit(events: &Events, event: Event) {
+    // A caller that stopped listening still gets its outcome.
+    let _ = events.send(event);
+}
+
+/// Run `uses` from `context`; events go to `events` as they happen.
+pub async fn run(
+    pool: Arc<ToolPool>,
+    uses: Vec<ToolUse>,
+    mut context: Value,
+    options: RunOptions,
+    events: Events,
+    interrupt: Interrupt,
+) -> BatchOutcome {
+    let cap = options.cap.max(1);
+    let fuel = options.batch_fuel.map(BatchFuel::new);
+    let ids: Vec<String> = uses.iter().map(|tool_use| tool_use.id.clone()).collect();
+
+    let (pool_ref, uses_ref, fuel_ref) = (&*pool, &uses, fuel.as_ref());
+    let planned: Vec<Result<Prepared, ToolResult>> = futures::stream::iter(0..uses.len())
+        .map(|index| async move { runner::prepare(pool_ref, &uses_ref[index], fuel_ref).await })
+        .buffered(cap)
+        .collect()
+        .await;
+    let safe: Vec<bool> = planned.iter().map(|call| matches!(call, Ok(call) if call.concurrency_safe)).collect();
+    let groups = partition(&safe);
+    let batches = groups.iter().map(|group| PlannedGroup::new(group, &ids)).collect();
+    emit(&events, Event::BatchPlan { batches });
+
+    let mut planned: Vec<Option<Result<Prepared, ToolResult>>> = planned.into_iter().map(Some).collect();
+    for call in planned.iter_mut().skip(MAX_WAITING_SANDBOXES).flatten().flatten() {
+        call.park();
+    }
+    let mut results = OrderedResults::new(uses.len());
+    for group in &groups {
+        let calls: Vec<(usize, Result<Prepared, ToolResult>)> =
+            group.calls.clone().map(|index| (index, planned[index].take().expect("each call runs once"))).collect();
+        if group.concurrent {
+            run_concurrently(&pool, calls, &mut context, cap, &events, &interrupt, &mut results, group).await;
+        } else {
+            for (index, call) in calls {
+                let (result, modifier) = run_one(&pool, call, context.clone(), &events, &interrupt).await;
+                // Serial: the next call sees the change at once.
+                if let Some(patch) = modifier {
+                    context::apply(&mut context, &patch);
+                }
+                results.finish(index, result, &events);
+            }
+        }
+    }
+    let results = results.into_results();
+    let errors = results.iter().filter(|result| result.is_error).count();
+    emit(&events, Event::BatchFinished { calls: results.len(), errors, interrupted: interrupt.is_interrupted() });
+    BatchOutcome { results, context }
+}
+
+/// Run one concurrent group: at most `cap` calls in flight, all seeing the
+/// context as it was when the group began; their modifiers are queued and
+/// applied after the group in the original order, so the final context does
+/// not depend on which call finished first.
+#[expect(clippy::too_many_arguments, reason = "one group's share of the batch state")]
+async fn run_concurrently(
+    pool: &ToolPool,
+    calls: Vec<(usize, Result<Prepared, ToolResult>)>,
+    context: &mut Value,
+    cap: usize,
+    events: &Events,
+    interrupt: &Interrupt,
+    results: &mut OrderedResults,
+    group: &Group,
+) {
+    let snapshot = context.clone();
+    let mut queued: Vec<Option<Value>> = vec![None; group.calls.len()];
+    let mut running = futures::stream::iter(calls)
+        .map(|(index, call)| {
+            let snapshot = snapshot.clone();
+            async move { (index, run_one(pool, call, snapshot, events, interrupt).await) }
+        })
+        .buffer_unordered(cap);
+    while let Some((index, (result, modifier))) = running.next().await {
+        queued[index - group.calls.start] = modifier;
+        results.finish(index, result, events);
+    }
+    for patch in queued.into_iter().flatten() {
+        context::apply(context, &patch);
+    }
+}
+
+/// Run one planned call (or pass on its planning failure).
+async fn run_one(
+    pool: &ToolPool,
+    call: Result<Prepared, ToolResult>,
+    context: Value,
+    events: &Events,
+    interrupt: &Interrupt,
+) -> (ToolResult, Option<Value>) {
+    let mut call = match call {
+        Ok(call) => call,
+        Err(result) => return (result, None),
+    };
+    if interrupt.is_interrupted() {
+        return (ToolResult::error(&call.id, NOT_STARTED), None);
+    }
+    let id = call.id.clone();
+    let activity = call.activity().await;
+    emit(events, Event::CallStarted { tool_use_id: id.clone(), tool: call.name.clone(), activity });
+    let progress_events = events.clone();
+    let progress_id = id.clone();
+    let cx = CallContext {
+        context,
+        progress: Arc::new(move |data| {
+            emit(&progress_events, Event::Progress { tool_use_id: progress_id.clone(), data });
+        }),
+    };
+    let (result, modifier) = call.run(pool, cx, interrupt).await;
+    emit(events, Event::CallFinished { tool_use_id: id, is_error: result.is_error });
+    (result, modifier)
+}
+
+/// Results as they finish, released in the batch's order: a finished call
+/// waits for the calls before it.
+struct OrderedResults {
+    slots: Vec<Option<ToolResult>>,
+    released: usize,
+}
+
+impl OrderedResults {
+    fn new(calls: usize) -> Self {
+        OrderedResults { slots: vec![None; calls], released: 0 }
+    }
+
+    fn finish(&mut self, index: usize, result: ToolResult, events: &Events) {
+        self.slots[index] = Some(result);
+        while let Some(Some(result)) = self.slots.get(self.released) {
+            emit(events, Event::tool_result(result));
+            self.released += 1;
+        }
+    }
+
+    fn into_results(self) -> Vec<ToolResult> {
+        self.slots.into_iter().map(|slot| slot.expect("every call has a result")).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_defaults_to_ten_for_missing_non_numeric_or_zero_values() {
+        assert_eq!(parse_cap(None), 10);
+        assert_eq!(parse_cap(Some("")), 10);
+        assert_eq!(parse_cap(Some("lots")), 10);
+        assert_eq!(parse_cap(Some("0")), 10);
+        assert_eq!(parse_cap(Some("-3")), 10);
+        assert_eq!(parse_cap(Some("3")), 3);
+        assert_eq!(parse_cap(Some(" 25 ")), 25);
+    }
+
+    #[test]
+    fn a_configured_cap_wins_unless_zero() {
+        assert_eq!(max_tool_use_concurrency(Some(4)), 4);
+    }
+}
