@@ -12,6 +12,9 @@
 //! fuel = 10_000_000_000
 //! deadline_ms = 30_000
 //! memory_mib = 256
+//!
+//! [plugins."acme_*"] # grants by tool name or pattern; see `grants`
+//! env = ["ACME_REGION"]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -19,6 +22,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
+pub use crate::grants::PluginsConfig;
 use crate::limits::Limits;
 
 /// The file name looked for in the working directory.
@@ -34,6 +38,9 @@ pub struct Config {
     /// Overrides of the per-call sandbox limits.
     #[serde(default)]
     pub limits: LimitsConfig,
+    /// Capability grants per plugin, by tool name or pattern.
+    #[serde(default)]
+    pub plugins: PluginsConfig,
 }
 
 /// `[limits]`: overrides of [`Limits`]; a key left out keeps its default.
@@ -50,6 +57,14 @@ pub struct LimitsConfig {
     pub table_elements: Option<usize>,
     /// WASM stack, in KiB.
     pub stack_kib: Option<usize>,
+    /// Fuel of a whole batch, all its calls together.
+    pub batch_fuel: Option<u64>,
+    /// Bytes a guest may hand the host in one piece, in MiB.
+    pub transfer_mib: Option<usize>,
+    /// Host-side handles one call may hold at once.
+    pub resources: Option<usize>,
+    /// Bytes of one tool_use input accepted before parsing, in KiB.
+    pub input_kib: Option<usize>,
 }
 
 impl LimitsConfig {
@@ -61,6 +76,10 @@ impl LimitsConfig {
             memory: self.memory_mib.map_or(defaults.memory, |mib| mib << 20),
             table_elements: self.table_elements.unwrap_or(defaults.table_elements),
             stack: self.stack_kib.map_or(defaults.stack, |kib| kib << 10),
+            batch_fuel: self.batch_fuel.unwrap_or(defaults.batch_fuel),
+            transfer: self.transfer_mib.map_or(defaults.transfer, |mib| mib << 20),
+            resources: self.resources.unwrap_or(defaults.resources),
+            input: self.input_kib.map_or(defaults.input, |kib| kib << 10),
         }
     }
 }

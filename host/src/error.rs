@@ -35,6 +35,14 @@ pub enum Error {
         /// What is wrong, and where.
         reason: String,
     },
+    /// A `[plugins]` section of the configuration grants something invalid.
+    #[error("invalid grant [plugins.{pattern:?}]: {reason}")]
+    Grant {
+        /// The section: a tool name or pattern.
+        pattern: String,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// The wasmtime engine could not be set up.
     #[error("failed to set up the WebAssembly engine: {0}")]
     Engine(String),

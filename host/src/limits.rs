@@ -29,6 +29,27 @@ pub struct Limits {
     /// Bytes of WASM stack. 1 MiB is twice wasmtime's default, so that deep
     /// but finite recursion (a recursive-descent parser) still runs.
     pub stack: usize,
+    /// Fuel all the calls of one batch may burn together, however the batch
+    /// is split. 10¹¹ is ten calls at their full per-call budget: a batch of
+    /// real work never notices it, while a model that fans one spinning tool
+    /// out over fifty calls still stops after the price of ten. A call
+    /// reserves its fuel from the allowance when it starts and gives back
+    /// what it did not burn when it ends.
+    pub batch_fuel: u64,
+    /// Bytes a guest may hand the host in one piece: one host call's
+    /// arguments, or one export's result (wasmtime's "hostcall fuel"). 16 MiB
+    /// is forty times the largest result a model ever reads whole (400 KB),
+    /// so a real result fits, while a guest cannot make the host allocate
+    /// hundreds of megabytes on its behalf.
+    pub transfer: usize,
+    /// Host-side handles (open files, streams, pollables) one call may hold
+    /// at once. A tool walking a tree holds a handful; 10,000 only stops a
+    /// guest that leaks them in a loop.
+    pub resources: usize,
+    /// Bytes of one `tool_use` input accepted before it is parsed as JSON.
+    /// A model's whole turn is a few hundred kilobytes at most, so 4 MiB
+    /// passes any real input and refuses a 50 MB blob before a parser sees it.
+    pub input: usize,
 }
 
 impl Default for Limits {
@@ -39,8 +60,35 @@ impl Default for Limits {
             memory: 256 << 20,
             table_elements: 100_000,
             stack: 1 << 20,
+            batch_fuel: 100_000_000_000,
+            transfer: 16 << 20,
+            resources: 10_000,
+            input: 4 << 20,
         }
     }
+}
+
+impl Limits {
+    /// The value of the limit `kind`, as an error message states it:
+    /// `10000000000 units`, `30s`, `256 MiB`, `100000 elements`.
+    pub fn value_of(&self, kind: LimitKind) -> String {
+        match kind {
+            LimitKind::Fuel => units(self.fuel),
+            LimitKind::BatchFuel => units(self.batch_fuel),
+            LimitKind::Deadline => format!("{:?}", self.deadline),
+            LimitKind::Memory => human_bytes(self.memory),
+            LimitKind::Table => format!("{} elements", self.table_elements),
+            LimitKind::Stack => human_bytes(self.stack),
+            LimitKind::Transfer => human_bytes(self.transfer),
+            LimitKind::Resources => format!("{} handles", self.resources),
+            LimitKind::Input => human_bytes(self.input),
+        }
+    }
+}
+
+/// An amount of fuel as an error message states it: `1000 units`.
+pub fn units(fuel: u64) -> String {
+    format!("{fuel} units")
 }
 
 /// The fuel allowance of one whole batch, shared by its calls: however a batch
@@ -100,6 +148,14 @@ pub enum LimitKind {
     Table,
     /// The WASM stack cap.
     Stack,
+    /// The fuel allowance of the whole batch.
+    BatchFuel,
+    /// The cap on bytes handed from guest to host in one piece.
+    Transfer,
+    /// The cap on host-side handles held at once.
+    Resources,
+    /// The cap on one input's size before parsing.
+    Input,
 }
 
 impl fmt::Display for LimitKind {
@@ -110,6 +166,10 @@ impl fmt::Display for LimitKind {
             LimitKind::Memory => "memory limit",
             LimitKind::Table => "table limit",
             LimitKind::Stack => "stack limit",
+            LimitKind::BatchFuel => "batch fuel allowance",
+            LimitKind::Transfer => "guest-to-host transfer limit",
+            LimitKind::Resources => "resource handle limit",
+            LimitKind::Input => "input size limit",
         })
     }
 }
@@ -138,6 +198,39 @@ mod tests {
         other.give_back(15);
         assert_eq!(fuel.left(), 15);
         assert_eq!(fuel.total(), 100);
+    }
+
+    #[test]
+    fn each_limit_states_its_value_in_its_unit() {
+        let limits = Limits::default();
+        let stated: Vec<String> = [
+            LimitKind::Fuel,
+            LimitKind::BatchFuel,
+            LimitKind::Deadline,
+            LimitKind::Memory,
+            LimitKind::Table,
+            LimitKind::Stack,
+            LimitKind::Transfer,
+            LimitKind::Resources,
+            LimitKind::Input,
+        ]
+        .into_iter()
+        .map(|kind| format!("{kind} of {}", limits.value_of(kind)))
+        .collect();
+        assert_eq!(
+            stated,
+            [
+                "fuel limit of 10000000000 units",
+                "batch fuel allowance of 100000000000 units",
+                "deadline of 30s",
+                "memory limit of 256 MiB",
+                "table limit of 100000 elements",
+                "stack limit of 1 MiB",
+                "guest-to-host transfer limit of 16 MiB",
+                "resource handle limit of 10000 handles",
+                "input size limit of 4 MiB",
+            ]
+        );
     }
 
     #[test]

@@ -238,6 +238,7 @@ fn spec_from_metadata(
         max_result_size: max_result_size.map_or(ResultSize::SelfBounded, ResultSize::Chars),
         requires_user_interaction,
         origin: ToolOrigin::Plugin { path: path.to_path_buf() },
+        trusted: false,
     })
 }
 

@@ -13,7 +13,7 @@ use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 
 use crate::bindings::keel::tool::{host, types};
 use crate::bindings::{LogLevel, Tool as ToolBindings, ToolPre};
-use crate::limits::{LimitKind, Limits, human_bytes};
+use crate::limits::{LimitKind, Limits};
 use crate::tool::{CallError, ProgressSink};
 
 /// Where the workspace appears inside the sandbox.
@@ -248,11 +248,8 @@ fn wasi_ctx(workspace: &Path, grant: Grant, stderr: &MemoryOutputPipe) -> Result
 fn classify(error: &wasmtime::Error, state: &SandboxState, limits: &Limits, fuel: u64) -> CallError {
     let limit = |kind: LimitKind| {
         let value = match kind {
-            LimitKind::Fuel => format!("{fuel} units"),
-            LimitKind::Deadline => format!("{:?}", limits.deadline),
-            LimitKind::Memory => human_bytes(limits.memory),
-            LimitKind::Table => format!("{} elements", limits.table_elements),
-            LimitKind::Stack => human_bytes(limits.stack),
+            LimitKind::Fuel => crate::limits::units(fuel),
+            kind => limits.value_of(kind),
         };
         CallError::Limit { kind, value }
     };

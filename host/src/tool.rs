@@ -49,6 +49,9 @@ pub struct ToolSpec {
     pub requires_user_interaction: bool,
     /// Where the tool comes from.
     pub origin: ToolOrigin,
+    /// Whether the host trusts the tool to bound its own output: built-ins,
+    /// and plugins the config marks `trusted`.
+    pub trusted: bool,
 }
 
 /// Where a tool comes from.

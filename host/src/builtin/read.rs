@@ -85,6 +85,7 @@ impl Read {
             max_result_size: ResultSize::SelfBounded,
             requires_user_interaction: false,
             origin: ToolOrigin::BuiltIn,
+            trusted: true,
         };
         Read { spec, workspace: Arc::new(workspace) }
     }
