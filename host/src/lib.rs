@@ -35,6 +35,7 @@ pub mod context;
 pub mod engine;
 pub mod error;
 pub mod events;
+pub mod fixture;
 pub mod grants;
 mod host;
 pub mod limits;

@@ -18,6 +18,8 @@ struct Cli {
 enum Command {
     /// Run a batch of tool calls and print the tool_result message.
     Run(commands::run::RunArgs),
+    /// Run golden batch fixtures and compare their output byte for byte.
+    Test(commands::test::TestArgs),
 }
 
 fn main() -> ExitCode {
@@ -25,6 +27,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
         Command::Run(args) => commands::run::run(&args),
+        Command::Test(args) => commands::test::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
