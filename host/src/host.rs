@@ -31,6 +31,7 @@ pub struct HostBuilder {
     limits: Limits,
     cache_dir: Option<PathBuf>,
     builtins: bool,
+    native: Vec<Arc<dyn Tool>>,
     config: Config,
 }
 
@@ -66,6 +67,14 @@ impl HostBuilder {
         self
     }
 
+    /// Add a native tool of the embedding agent's own. It joins the pool
+    /// with the built-ins: sorted among them, ahead of every plugin, and it
+    /// wins a name clash with a plugin.
+    pub fn tool(mut self, tool: Arc<dyn Tool>) -> Self {
+        self.native.push(tool);
+        self
+    }
+
     /// Whether the built-in tools (such as `Read`) are in the pool.
     pub fn builtins(mut self, yes: bool) -> Self {
         self.builtins = yes;
@@ -84,7 +93,7 @@ impl HostBuilder {
         let limits = self.config.limits.apply(self.limits);
         let runtime = Arc::new(Runtime::new(&limits, self.cache_dir)?);
 
-        let mut builtins: Vec<Arc<dyn Tool>> = Vec::new();
+        let mut builtins: Vec<Arc<dyn Tool>> = self.native;
         if self.builtins {
             let dir = Dir::open_ambient_dir(&workspace, ambient_authority())
                 .map_err(|error| Error::io("open workspace", &workspace, error))?;
@@ -131,6 +140,7 @@ impl Host {
             limits: Limits::default(),
             cache_dir: default_cache_dir(),
             builtins: true,
+            native: Vec::new(),
             config: Config::default(),
         }
     }

@@ -1,0 +1,236 @@
+//! The scheduler: partitioned runs under the cap, ordered results, context
+//! modifiers, progress as it happens, and interrupts.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use keel_host::config::Config;
+use keel_host::tool::{
+    CallContext, CallError, CallOutput, InterruptBehavior, Invocation, ResultSize, Tool, ToolOrigin, ToolSpec,
+};
+use keel_host::{Event, Host, ToolResult, ToolUse};
+use serde_json::{Value, json};
+
+use crate::{block_on, guest, shared_cache};
+
+fn events_of(host: &Host, uses: Vec<ToolUse>) -> (Vec<Event>, Vec<ToolResult>, Value) {
+    block_on(async {
+        let mut run = host.start_batch(uses, keel_host::context::initial());
+        let mut events = Vec::new();
+        while let Some(event) = run.next_event().await {
+            events.push(event);
+        }
+        let outcome = run.finish().await;
+        (events, outcome.results, outcome.context)
+    })
+}
+
+/// The most calls in flight at once, from the order of start and finish events.
+fn most_in_flight(events: &[Event]) -> usize {
+    let (mut now, mut most) = (0usize, 0usize);
+    for event in events {
+        match event {
+            Event::CallStarted { .. } => {
+                now += 1;
+                most = most.max(now);
+            }
+            Event::CallFinished { .. } => now -= 1,
+            _ => {}
+        }
+    }
+    most
+}
+
+#[test]
+fn safe_calls_overlap_and_never_exceed_the_cap() {
+    let workspace = tempfile::tempdir().unwrap();
+    let config = Config { max_tool_use_concurrency: Some(3), ..Config::default() };
+    let builder = Host::builder()
+        .workspace(workspace.path())
+        .plugins(guest("keel_tool_sleep"))
+        .cache_dir(Some(shared_cache()))
+        .config(config);
+    let host = block_on(builder.build()).unwrap();
+    assert_eq!(host.max_tool_use_concurrency(), 3);
+    let uses = (0..12).map(|i| ToolUse::new(format!("s{i:02}"), "sleep", json!({ "ms": 40 }))).collect();
+    let (events, results, _) = events_of(&host, uses);
+    assert_eq!(most_in_flight(&events), 3, "three at once, never more");
+    assert!(results.iter().all(|r| r.content == "Slept 40 ms"));
+    let ids: Vec<&str> = results.iter().map(|r| r.tool_use_id.as_str()).collect();
+    assert_eq!(ids, (0..12).map(|i| format!("s{i:02}")).collect::<Vec<_>>());
+}
+
+#[test]
+fn an_unsafe_call_runs_alone_between_safe_runs() {
+    let workspace = tempfile::tempdir().unwrap();
+    let builder = Host::builder()
+        .workspace(workspace.path())
+        .plugins(guest("keel_tool_sleep"))
+        .plugins(guest("keel_tool_write_file"))
+        .cache_dir(Some(shared_cache()));
+    let host = block_on(builder.build()).unwrap();
+    let sleep = |id: &str| ToolUse::new(id, "sleep", json!({ "ms": 30 }));
+    let write = ToolUse::new("w", "write_file", json!({ "file_path": "f", "content": "x" }));
+    let (events, _, _) = events_of(&host, vec![sleep("a"), sleep("b"), write, sleep("c"), sleep("d")]);
+    let order: Vec<String> = events
+        .iter()
+        .filter_map(|event| match event {
+            Event::CallStarted { tool_use_id, .. } => Some(format!("+{tool_use_id}")),
+            Event::CallFinished { tool_use_id, .. } => Some(format!("-{tool_use_id}")),
+            _ => None,
+        })
+        .collect();
+    let at = |tag: &str| order.iter().position(|t| t == tag).unwrap();
+    assert!(at("-a") < at("+w") && at("-b") < at("+w"), "the write waits for the run before it: {order:?}");
+    assert!(at("-w") < at("+c") && at("-w") < at("+d"), "the run after waits for the write: {order:?}");
+    assert_eq!(most_in_flight(&events), 2);
+}
+
+#[test]
+fn progress_arrives_before_the_call_finishes() {
+    let workspace = tempfile::tempdir().unwrap();
+    let builder =
+        Host::builder().workspace(workspace.path()).plugins(guest("keel_tool_sleep")).cache_dir(Some(shared_cache()));
+    let host = block_on(builder.build()).unwrap();
+    let (events, _, _) = events_of(&host, vec![ToolUse::new("s", "sleep", json!({ "ms": 60, "steps": 3 }))]);
+    let kinds: Vec<String> = events
+        .iter()
+        .map(|event| match event {
+            Event::Progress { data, .. } => format!("progress {}", data["step"]),
+            other => serde_json::to_value(other).unwrap()["type"].as_str().unwrap().to_string(),
+        })
+        .collect();
+    assert_eq!(
+        kinds,
+        [
+            "batch_plan",
+            "call_started",
+            "progress 1",
+            "progress 2",
+            "progress 3",
+            "call_finished",
+            "tool_result",
+            "batch_finished"
+        ]
+    );
+}
+
+/// A native tool that sleeps `ms`, then returns a context modifier naming
+/// itself: concurrency-safe, so its modifiers are queued.
+struct Marker;
+
+fn marker_spec() -> &'static ToolSpec {
+    static SPEC: std::sync::OnceLock<ToolSpec> = std::sync::OnceLock::new();
+    SPEC.get_or_init(|| ToolSpec {
+        name: "marker".into(),
+        aliases: vec![],
+        description: "Test tool: sleeps, then marks the context.".into(),
+        prompt: String::new(),
+        input_schema: json!({ "type": "object", "properties": { "ms": { "type": "integer" } }, "required": ["ms"] }),
+        output_schema: None,
+        search_hint: None,
+        should_defer: false,
+        always_load: false,
+        strict: false,
+        interrupt: InterruptBehavior::Block,
+        user_facing_name: "marker".into(),
+        enabled: true,
+        max_result_size: ResultSize::Chars(50_000),
+        requires_user_interaction: false,
+        origin: ToolOrigin::BuiltIn,
+        trusted: true,
+    })
+}
+
+struct MarkerCall(Value);
+
+#[async_trait]
+impl Tool for Marker {
+    fn spec(&self) -> &ToolSpec {
+        marker_spec()
+    }
+
+    async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError> {
+        Ok(Box::new(MarkerCall(input)))
+    }
+}
+
+#[async_trait]
+impl Invocation for MarkerCall {
+    fn input(&self) -> &Value {
+        &self.0
+    }
+
+    fn set_input(&mut self, input: Value) {
+        self.0 = input;
+    }
+
+    async fn is_concurrency_safe(&mut self) -> bool {
+        true
+    }
+
+    async fn call(self: Box<Self>, cx: CallContext) -> Result<CallOutput, CallError> {
+        let ms = self.0["ms"].as_u64().unwrap();
+        tokio::time::sleep(Duration::from_millis(ms)).await;
+        let seen = cx.context.get("last").cloned().unwrap_or(Value::Null);
+        Ok(CallOutput {
+            content: format!("saw last = {seen}"),
+            context_modifier: Some(json!({ "last": ms, "marks": { ms.to_string(): true } })),
+        })
+    }
+}
+
+#[test]
+fn queued_modifiers_apply_in_block_order_whatever_the_finishing_order() {
+    let workspace = tempfile::tempdir().unwrap();
+    let builder = Host::builder().workspace(workspace.path()).builtins(false).tool(Arc::new(Marker));
+    let host = block_on(builder.build()).unwrap();
+    // The first call sleeps longest: the calls finish in reverse order.
+    let uses: Vec<ToolUse> =
+        [90, 60, 30, 1].iter().enumerate().map(|(i, ms)| ToolUse::new(format!("m{i}"), "marker", json!({ "ms": ms }))).collect();
+    let (events, results, context) = events_of(&host, uses);
+    let finished: Vec<&str> = events
+        .iter()
+        .filter_map(|event| match event {
+            Event::CallFinished { tool_use_id, .. } => Some(tool_use_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(finished, ["m3", "m2", "m1", "m0"], "the calls really finished in reverse");
+    assert!(results.iter().all(|r| r.content == "saw last = null"), "each saw the context as the run began");
+    assert_eq!(
+        context,
+        json!({ "cwd": "/workspace", "last": 1, "marks": { "90": true, "60": true, "30": true, "1": true } }),
+        "applied in block order: the last block's modifier wins"
+    );
+    let released: Vec<&str> = events
+        .iter()
+        .filter_map(|event| match event {
+            Event::ToolResult { tool_use_id, .. } => Some(tool_use_id.as_str()),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(released, ["m0", "m1", "m2", "m3"], "results go out in block order");
+}
+
+#[test]
+fn an_interrupt_before_anything_starts_gives_every_call_an_interrupted_result() {
+    let workspace = tempfile::tempdir().unwrap();
+    let builder =
+        Host::builder().workspace(workspace.path()).plugins(guest("keel_tool_sleep")).cache_dir(Some(shared_cache()));
+    let host = block_on(builder.build()).unwrap();
+    let results = block_on(async {
+        let uses = vec![ToolUse::new("a", "sleep", json!({ "ms": 10 })), ToolUse::new("b", "nope", json!({}))];
+        let run = host.start_batch(uses, keel_host::context::initial());
+        run.interrupter().interrupt();
+        run.finish().await.results
+    });
+    assert_eq!(
+        results,
+        [
+            ToolResult::error("a", "Interrupted: the call was not started."),
+            ToolResult::error("b", "No such tool: nope"),
+        ]
+    );
+}
