@@ -5,6 +5,7 @@ mod batch;
 mod cache;
 mod load;
 mod queries;
+mod scheduler;
 
 use std::path::{Path, PathBuf};
 
