@@ -6,6 +6,7 @@ mod cache;
 mod load;
 mod queries;
 mod scheduler;
+mod soak;
 
 use std::path::{Path, PathBuf};
 

@@ -1,0 +1,109 @@
+//! A load test with fixed counts (not timed): 1,000 calls in batches where
+//! one call in ten goes to a hostile plugin that traps, spins or hoards
+//! memory. Every healthy call must still return the right result, the cap
+//! must hold, and memory must come back down.
+
+use keel_host::config::{Config, LimitsConfig};
+use keel_host::{Event, Host, ToolUse};
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use crate::{block_on, guest, shared_cache};
+
+const BATCHES: usize = 20;
+const CALLS_PER_BATCH: usize = 50;
+const CAP: usize = 4;
+/// How far resident memory may stay above its level after the first batch.
+/// The pooling allocator keeps up to 1 MiB of each used memory slot
+/// resident by design; with a cap of 4 and a handful of slots reused, the
+/// level after warm-up is the steady state, and 64 MiB is an order of
+/// magnitude above any per-call leak of a 1,000-call run (a leak of one 64 MiB
+/// memory bomb, or of a sandbox per call, would exceed it).
+const MEMORY_MARGIN: u64 = 64 << 20;
+
+fn resident_bytes() -> u64 {
+    let statm = std::fs::read_to_string("/proc/self/statm").expect("Linux /proc is readable");
+    let pages: u64 = statm.split_whitespace().nth(1).unwrap().parse().unwrap();
+    pages * 4096
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+#[test]
+fn a_thousand_calls_with_hostile_ones_mixed_in() {
+    let workspace = tempfile::tempdir().unwrap();
+    let limits = LimitsConfig { fuel: Some(200_000_000), memory_mib: Some(64), ..LimitsConfig::default() };
+    let config = Config { max_tool_use_concurrency: Some(CAP), limits, ..Config::default() };
+    let builder = Host::builder()
+        .workspace(workspace.path())
+        .plugins(guest("keel_tool_hash"))
+        .plugins(guest("keel_guest_hostile"))
+        .cache_dir(Some(shared_cache()))
+        .config(config);
+    let host = block_on(builder.build()).unwrap();
+
+    let mut baseline = None;
+    let mut healthy = 0;
+    for batch in 0..BATCHES {
+        let uses: Vec<ToolUse> = (0..CALLS_PER_BATCH)
+            .map(|i| {
+                let id = format!("b{batch}c{i}");
+                let attack = match i % 30 {
+                    9 => Some("panic"),
+                    19 => Some("loop"),
+                    29 => Some("grow_memory"),
+                    _ => None,
+                };
+                match attack {
+                    Some(act) => ToolUse::new(id, "hostile", json!({ "act": act, "concurrency_safe": true })),
+                    None => ToolUse::new(id.clone(), "hash", json!({ "text": id })),
+                }
+            })
+            .collect();
+        let (events, results) = block_on(async {
+            let mut run = host.start_batch(uses.clone(), keel_host::context::initial());
+            let mut events = Vec::new();
+            while let Some(event) = run.next_event().await {
+                events.push(event);
+            }
+            (events, run.finish().await.results)
+        });
+        assert_eq!(results.len(), CALLS_PER_BATCH, "one result per call");
+        let (mut now, mut most) = (0usize, 0usize);
+        for event in &events {
+            match event {
+                Event::CallStarted { .. } => {
+                    now += 1;
+                    most = most.max(now);
+                }
+                Event::CallFinished { .. } => now -= 1,
+                _ => {}
+            }
+        }
+        assert!(most <= CAP, "batch {batch}: {most} calls in flight, cap {CAP}");
+        for (tool_use, result) in uses.iter().zip(&results) {
+            assert_eq!(result.tool_use_id, tool_use.id);
+            if tool_use.name == "hash" {
+                healthy += 1;
+                let expected = hex(&Sha256::digest(tool_use.id.as_bytes()));
+                assert_eq!((result.content.as_str(), result.is_error), (expected.as_str(), false));
+            } else {
+                assert!(result.is_error, "{}: {}", tool_use.id, result.content);
+                assert!(result.content.starts_with("hostile failed: "), "{}: {}", tool_use.id, result.content);
+            }
+        }
+        if batch == 0 {
+            baseline = Some(resident_bytes());
+        }
+    }
+    assert_eq!(healthy, 900, "one call in ten was hostile");
+    let (baseline, end) = (baseline.unwrap(), resident_bytes());
+    assert!(
+        end <= baseline + MEMORY_MARGIN,
+        "resident memory grew from {} MiB to {} MiB",
+        baseline >> 20,
+        end >> 20
+    );
+}
