@@ -10,6 +10,7 @@ mod guests;
 /// The tools shipped with the host, with their directories in the workspace.
 const BUNDLED_TOOLS: &[(&str, &str)] = &[
     ("keel-tool-cd", "example-tools/cd"),
+    ("keel-tool-echo", "example-tools/echo"),
     ("keel-tool-grep", "example-tools/grep"),
     ("keel-tool-hash", "example-tools/hash"),
     ("keel-tool-sleep", "example-tools/sleep"),
