@@ -35,6 +35,9 @@ pub struct Config {
     /// Calls of one concurrency-safe run in flight at once; overrides
     /// `KEEL_MAX_TOOL_USE_CONCURRENCY`.
     pub max_tool_use_concurrency: Option<usize>,
+    /// `[budget]`: overrides of the result budgets.
+    #[serde(default)]
+    pub budget: crate::budget::BudgetConfig,
     /// Overrides of the per-call sandbox limits.
     #[serde(default)]
     pub limits: LimitsConfig,

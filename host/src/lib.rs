@@ -29,6 +29,7 @@
 
 pub mod batch;
 mod bindings;
+pub mod budget;
 pub mod builtin;
 pub mod config;
 pub mod context;
@@ -38,6 +39,7 @@ pub mod events;
 pub mod fixture;
 pub mod grants;
 mod host;
+pub mod ledger;
 pub mod limits;
 pub mod partition;
 pub mod plugin;

@@ -1,0 +1,805 @@
+//! Result budgets (DESIGN.md §4): no single result, and no message of
+//! results, grows past what a model's context can afford.
+//!
+//! | tier | limit | past it |
+//! |---|---|---|
+//! | per tool | `min(max-result-size, 50,000)` chars | the result is persisted and previewed |
+//! | per result, absolute | 400,000 bytes | the same, for any tool whose own max is larger |
+//! | per message | 200,000 chars over all results of one message | the largest results are persisted one at a time until it fits |
+//!
+//! **Units.** A *char* is a Unicode scalar value (`str::chars`), what the
+//! per-tool and per-message limits count. The absolute cap is the seed's
+//! 100,000 tokens at a conservative 4 bytes each, and stays in bytes: it is
+//! checked on the UTF-8 length, beside the char limit. A char is 1 to 4
+//! bytes, so a result within the default 50,000 chars is at most 200,000
+//! bytes and the byte cap never fires; it bites when a tool's threshold is
+//! raised by config past 100,000 chars, and for an untrusted plugin that
+//! claims to bound itself. A threshold above 400,000 chars is clamped to
+//! 400,000, which the byte cap then tightens further for multi-byte text.
+//!
+//! **Order.** As each call finishes, [`Budget::per_tool`] applies the first
+//! two tiers to its result. When every result of the message is in,
+//! [`Budget::per_message`] applies the third, consulting and extending the
+//! [`Ledger`] of earlier decisions.
+//!
+//! ```no_run
+//! use keel_host::budget::{Budget, BudgetConfig};
+//! use keel_host::ledger::Ledger;
+//! # async fn run(spec: &keel_host::ToolSpec, result: keel_host::ToolResult) {
+//! let budget = Budget::new(&BudgetConfig::default(), "/path/to/session");
+//! let threshold = budget.threshold(spec);
+//! let mut results = vec![budget.per_tool(result, threshold).await];
+//! let mut ledger = Ledger::new();
+//! budget.per_message(&mut results, &[threshold], &mut ledger).await;
+//! # }
+//! ```
+//!
+//! The path shown to the model is relative to the session directory
+//! (`tool-results/<tool_use_id>.txt`), so the same batch always yields the
+//! same bytes; [`Budget::shown_root`] prefixes it when the model needs a path
+//! it can open.
+
+mod persist;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+
+pub use self::persist::{
+    PERSIST_FAILED_PREFIX, PERSISTED_OUTPUT_CLOSING_TAG, PERSISTED_OUTPUT_TAG, PREVIEW_SIZE_BYTES,
+    ResultStore, SessionDir, TOOL_RESULTS_SUBDIR, file_name, is_replacement, persist_failed, persisted_block,
+    preview,
+};
+use crate::batch::ToolResult;
+use crate::ledger::{Decision, Ledger};
+pub use crate::plugin::DEFAULT_MAX_RESULT_SIZE_CHARS;
+use crate::tool::{ResultSize, ToolSpec};
+
+/// Tokens one result may cost at most, whatever the tool declares.
+pub const MAX_TOOL_RESULT_TOKENS: u64 = 100_000;
+
+/// A conservative bytes-per-token estimate: real text averages more bytes per
+/// token, so a cap derived from it errs towards persisting.
+pub const BYTES_PER_TOKEN: u64 = 4;
+
+/// The absolute cap of one result, in bytes of UTF-8:
+/// [`MAX_TOOL_RESULT_TOKENS`] × [`BYTES_PER_TOKEN`].
+pub const MAX_TOOL_RESULT_BYTES: u64 = MAX_TOOL_RESULT_TOKENS * BYTES_PER_TOKEN;
+
+/// Chars all results of one message may hold together. Without it, ten
+/// parallel calls just under the per-tool cap would put 10 × 40K = 400K chars
+/// into one message.
+pub const MAX_TOOL_RESULTS_PER_MESSAGE_CHARS: u64 = 200_000;
+
+/// `[budget]` of `keel.toml`: overrides of the per-message limit and of
+/// per-tool thresholds.
+///
+/// ```toml
+/// [budget]
+/// per_message_chars = 150_000   # default 200,000
+///
+/// [budget.tools]                # persist past this many chars
+/// grep = 20_000
+/// ```
+///
+/// Values are read as numbers of any kind, and only finite positive ones take
+/// effect (a fraction is rounded down); `0`, negatives, `nan` and `inf` are
+/// ignored with a warning, keeping the default.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct BudgetConfig {
+    /// Chars all results of one message may hold together.
+    pub per_message_chars: Option<f64>,
+    /// Per-tool persistence thresholds in chars, by tool name; they replace
+    /// `min(max-result-size, 50,000)` and are clamped to the absolute cap. A
+    /// trusted self-bounded tool keeps its exemption.
+    #[serde(default)]
+    pub tools: BTreeMap<String, f64>,
+}
+
+/// When a tool's result is persisted.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Threshold {
+    /// Persisted when longer than this many chars, or than
+    /// [`MAX_TOOL_RESULT_BYTES`] bytes; replaceable by the per-message tier.
+    Chars(u64),
+    /// Never persisted and never replaced: a trusted tool that bounds its own
+    /// output. Persisting it would have the model read the file back through
+    /// the same tool, a loop.
+    SelfBounded,
+}
+
+impl Default for Threshold {
+    /// [`DEFAULT_MAX_RESULT_SIZE_CHARS`]; also what a result without a tool
+    /// (an unknown name) gets.
+    fn default() -> Self {
+        Threshold::Chars(DEFAULT_MAX_RESULT_SIZE_CHARS)
+    }
+}
+
+impl Threshold {
+    /// Whether `content` is past this threshold.
+    pub fn exceeded_by(self, content: &str) -> bool {
+        match self {
+            Threshold::SelfBounded => false,
+            Threshold::Chars(chars) => {
+                content.len() as u64 > MAX_TOOL_RESULT_BYTES || content.chars().count() as u64 > chars
+            }
+        }
+    }
+
+    /// Whether the per-message tier may replace the result.
+    pub fn replaceable(self) -> bool {
+        self != Threshold::SelfBounded
+    }
+}
+
+/// The budgets of one session: the resolved limits and where persisted
+/// results go. Cheap to clone; clones share the store.
+#[derive(Clone)]
+pub struct Budget {
+    per_message_chars: u64,
+    tool_chars: BTreeMap<String, u64>,
+    store: Arc<dyn ResultStore>,
+    shown_root: String,
+    warnings: Vec<String>,
+}
+
+impl Budget {
+    /// The budgets `config` sets, persisting into
+    /// `session_dir/tool-results/` with atomic writes ([`SessionDir`]).
+    ///
+    /// Overrides that do not take effect are logged as warnings and kept in
+    /// [`Budget::warnings`].
+    pub fn new(config: &BudgetConfig, session_dir: impl Into<PathBuf>) -> Self {
+        Budget::with_store(config, Arc::new(SessionDir::new(session_dir)))
+    }
+
+    /// The budgets `config` sets, persisting through `store`.
+    pub fn with_store(config: &BudgetConfig, store: Arc<dyn ResultStore>) -> Self {
+        let mut warnings = Vec::new();
+        let mut accept = |key: String, value: f64| {
+            let taken = effective(value);
+            if taken.is_none() {
+                warnings.push(format!(
+                    "ignoring `{key} = {}` in the config: only a finite positive number takes effect",
+                    toml_number(value)
+                ));
+            }
+            taken
+        };
+        let per_message_chars = config
+            .per_message_chars
+            .and_then(|value| accept("[budget] per_message_chars".into(), value))
+            .unwrap_or(MAX_TOOL_RESULTS_PER_MESSAGE_CHARS);
+        let tool_chars = config
+            .tools
+            .iter()
+            .filter_map(|(name, &value)| {
+                let chars = accept(format!("[budget.tools] {name}"), value)?;
+                Some((name.clone(), chars.min(MAX_TOOL_RESULT_BYTES)))
+            })
+            .collect();
+        for warning in &warnings {
+            tracing::warn!("{warning}");
+        }
+        Budget { per_message_chars, tool_chars, store, shown_root: String::new(), warnings }
+    }
+
+    /// Show persisted paths under `root` (for example the session directory's
+    /// absolute path, so the model can open the file) instead of relative to
+    /// the session directory. Default: relative, `tool-results/<id>.txt`.
+    pub fn shown_root(mut self, root: impl Into<String>) -> Self {
+        self.shown_root = root.into();
+        self
+    }
+
+    /// Config overrides that were ignored, one sentence each.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// The per-message limit in effect, in chars.
+    pub fn per_message_chars(&self) -> u64 {
+        self.per_message_chars
+    }
+
+    /// When results of the tool `spec` describes are persisted.
+    ///
+    /// A self-bounded tool stays exempt only when [`ToolSpec::trusted`] (a
+    /// built-in, or a plugin the config trusts); an untrusted one is clamped
+    /// to the absolute cap, then treated like any tool. Otherwise the
+    /// config's threshold for the tool's name applies, else
+    /// `min(max-result-size, 50,000)`.
+    pub fn threshold(&self, spec: &ToolSpec) -> Threshold {
+        let declared = match spec.max_result_size {
+            ResultSize::SelfBounded if spec.trusted => return Threshold::SelfBounded,
+            ResultSize::SelfBounded => MAX_TOOL_RESULT_BYTES,
+            ResultSize::Chars(chars) => chars.min(MAX_TOOL_RESULT_BYTES),
+        };
+        match self.tool_chars.get(&spec.name) {
+            Some(&chars) => Threshold::Chars(chars),
+            None => Threshold::Chars(declared.min(DEFAULT_MAX_RESULT_SIZE_CHARS)),
+        }
+    }
+
+    /// What a loaded set of tools should be warned about, once, at load: an
+    /// untrusted plugin whose self-bound is not honoured, and
+    /// `[budget.tools]` entries that name no tool or a tool exempt from
+    /// persisting.
+    pub fn check_tools<'a>(&self, tools: impl IntoIterator<Item = &'a ToolSpec>) -> Vec<String> {
+        let mut warnings = Vec::new();
+        let mut named = std::collections::BTreeSet::new();
+        for spec in tools {
+            named.insert(spec.name.as_str());
+            let threshold = self.threshold(spec);
+            match (spec.max_result_size, threshold) {
+                (ResultSize::SelfBounded, Threshold::Chars(chars)) => warnings.push(format!(
+                    "plugin tool `{}` says it bounds its own output, but the config does not trust it: \
+                     its results are persisted past {chars} chars",
+                    spec.name
+                )),
+                (_, Threshold::SelfBounded) if self.tool_chars.contains_key(&spec.name) => {
+                    warnings.push(format!(
+                        "ignoring `[budget.tools] {}` in the config: the tool bounds its own output and \
+                         is never persisted",
+                        spec.name
+                    ));
+                }
+                _ => {}
+            }
+        }
+        for name in self.tool_chars.keys().filter(|name| !named.contains(name.as_str())) {
+            warnings.push(format!("ignoring `[budget.tools] {name}` in the config: no tool has that name"));
+        }
+        warnings
+    }
+
+    /// The first two tiers, for one result as its call finishes: past
+    /// `threshold`, the content is persisted and the result becomes a
+    /// `<persisted-output>` block (see [`persisted_block`]). When persisting
+    /// fails, the result becomes an error holding the reason and the preview
+    /// (see [`persist_failed`]). A result that already is a replacement is
+    /// left as it is.
+    pub async fn per_tool(&self, result: ToolResult, threshold: Threshold) -> ToolResult {
+        if !threshold.exceeded_by(&result.content) || is_replacement(&result.content, result.is_error) {
+            return result;
+        }
+        let ToolResult { kind, tool_use_id, content, is_error } = result;
+        let (content, is_error) = self.persist(&tool_use_id, content, is_error).await;
+        ToolResult { kind, tool_use_id, content, is_error }
+    }
+
+    /// The third tier, for the results of one message once all are in.
+    /// `thresholds[i]` is the threshold of the tool of `results[i]`
+    /// ([`Threshold::default`] for a result with no tool).
+    ///
+    /// First every result the `ledger` has a decision for gets it again: a
+    /// replaced one the recorded bytes (nothing is written again), a kept one
+    /// stays whole. Then, while the message is over
+    /// [`Budget::per_message_chars`], the largest undecided result that is
+    /// replaceable (not [`Threshold::SelfBounded`], not already a
+    /// replacement) is persisted; ties go to the earlier result. Every result
+    /// is then recorded in the ledger, replaced or kept. A message whose
+    /// remaining results are all decided or exempt may stay over the limit:
+    /// a decision is never revisited.
+    ///
+    /// # Panics
+    ///
+    /// When `results` and `thresholds` differ in length.
+    pub async fn per_message(
+        &self,
+        results: &mut [ToolResult],
+        thresholds: &[Threshold],
+        ledger: &mut Ledger,
+    ) {
+        assert_eq!(results.len(), thresholds.len(), "one threshold per result");
+        let mut undecided = Vec::new();
+        for (index, result) in results.iter_mut().enumerate() {
+            match ledger.get(&result.tool_use_id) {
+                Some(Decision::Replaced { content, is_error }) => {
+                    result.content.clone_from(content);
+                    result.is_error = *is_error;
+                }
+                Some(Decision::Kept) => {}
+                None => undecided.push(index),
+            }
+        }
+        let mut sizes: Vec<u64> =
+            results.iter().map(|result| result.content.chars().count() as u64).collect();
+        let mut total: u64 = sizes.iter().sum();
+        let mut candidates: Vec<usize> = undecided
+            .iter()
+            .copied()
+            .filter(|&index| {
+                thresholds[index].replaceable()
+                    && !is_replacement(&results[index].content, results[index].is_error)
+            })
+            .collect();
+        candidates.sort_by_key(|&index| (std::cmp::Reverse(sizes[index]), index));
+        for index in candidates {
+            if total <= self.per_message_chars {
+                break;
+            }
+            let result = &mut results[index];
+            let content = std::mem::take(&mut result.content);
+            (result.content, result.is_error) =
+                self.persist(&result.tool_use_id, content, result.is_error).await;
+            let size = result.content.chars().count() as u64;
+            total = total - sizes[index] + size;
+            sizes[index] = size;
+        }
+        for index in undecided {
+            let result = &results[index];
+            let decision = if is_replacement(&result.content, result.is_error) {
+                Decision::Replaced { content: result.content.clone(), is_error: result.is_error }
+            } else {
+                Decision::Kept
+            };
+            ledger.record(&result.tool_use_id, decision);
+        }
+    }
+
+    /// Persist `content`, returning what the model reads instead and whether
+    /// it is an error. The write runs on the blocking pool: it syncs to disk.
+    async fn persist(&self, tool_use_id: &str, content: String, is_error: bool) -> (String, bool) {
+        let file = file_name(tool_use_id);
+        let shown = persist::shown_path(&self.shown_root, &file);
+        let content = Arc::new(content);
+        let (store, bytes) = (self.store.clone(), content.clone());
+        let written = tokio::task::spawn_blocking(move || store.write(&file, bytes.as_bytes()))
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::other("the writer panicked")));
+        match written {
+            Ok(()) => (persisted_block(&content, &shown), is_error),
+            Err(error) => {
+                tracing::warn!("failed to persist the result of {tool_use_id} to {shown}: {error}");
+                (persist_failed(&content, &shown, &error), true)
+            }
+        }
+    }
+}
+
+/// The value an override takes, if it takes effect.
+fn effective(value: f64) -> Option<u64> {
+    // `as` saturates, so a huge finite value is simply "no limit to speak of".
+    (value.is_finite() && value > 0.0).then(|| value.floor() as u64)
+}
+
+/// `value` as it is spelled in TOML.
+fn toml_number(value: f64) -> String {
+    match value {
+        v if v.is_nan() => "nan".into(),
+        v if v == f64::INFINITY => "inf".into(),
+        v if v == f64::NEG_INFINITY => "-inf".into(),
+        v => v.to_string(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::io;
+    use std::path::Path;
+    use std::sync::Mutex;
+
+    use super::*;
+    use crate::config::Config;
+
+    /// A store in memory that can be told to fail with an OS error.
+    #[derive(Default)]
+    struct Memory {
+        files: Mutex<BTreeMap<String, Vec<u8>>>,
+        fail_with: Option<i32>,
+    }
+
+    impl ResultStore for Memory {
+        fn write(&self, file_name: &str, contents: &[u8]) -> io::Result<()> {
+            if let Some(code) = self.fail_with {
+                return Err(io::Error::from_raw_os_error(code));
+            }
+            self.files.lock().unwrap().insert(file_name.to_owned(), contents.to_vec());
+            Ok(())
+        }
+    }
+
+    impl Memory {
+        fn names(&self) -> Vec<String> {
+            self.files.lock().unwrap().keys().cloned().collect()
+        }
+    }
+
+    fn in_memory(config: &BudgetConfig) -> (Budget, Arc<Memory>) {
+        let store = Arc::new(Memory::default());
+        (Budget::with_store(config, store.clone()), store)
+    }
+
+    /// `n` chars of ASCII lines of 100 chars each.
+    fn text(n: usize) -> String {
+        let line = format!("{}\n", "x".repeat(99));
+        line.repeat(n / 100 + 1)[..n].to_owned()
+    }
+
+    /// The real `Read` built-in's spec.
+    fn read() -> ToolSpec {
+        let dir = tempfile::tempdir().unwrap();
+        let dir = cap_std::fs::Dir::open_ambient_dir(dir.path(), cap_std::ambient_authority()).unwrap();
+        crate::tool::Tool::spec(&crate::builtin::Read::new(dir)).clone()
+    }
+
+    fn plugin(name: &str, size: ResultSize, trusted: bool) -> ToolSpec {
+        let mut spec = read();
+        spec.name = name.into();
+        spec.max_result_size = size;
+        spec.origin = crate::tool::ToolOrigin::Plugin { path: format!("{name}.wasm").into() };
+        spec.trusted = trusted;
+        spec
+    }
+
+    fn config(text: &str) -> BudgetConfig {
+        Config::parse(text, Path::new("keel.toml")).unwrap().budget
+    }
+
+    #[test]
+    fn thresholds_follow_the_declared_size_the_default_cap_and_trust() {
+        let (budget, _) = in_memory(&BudgetConfig::default());
+        let threshold = |size, trusted| budget.threshold(&plugin("a", size, trusted));
+        assert_eq!(threshold(ResultSize::Chars(10), false), Threshold::Chars(10));
+        assert_eq!(threshold(ResultSize::Chars(50_000), false), Threshold::Chars(50_000));
+        assert_eq!(threshold(ResultSize::Chars(50_001), false), Threshold::Chars(50_000));
+        assert_eq!(threshold(ResultSize::Chars(50_001), true), Threshold::Chars(50_000));
+        assert_eq!(threshold(ResultSize::Chars(u64::MAX), false), Threshold::Chars(50_000));
+        assert_eq!(threshold(ResultSize::SelfBounded, false), Threshold::Chars(50_000));
+        assert_eq!(threshold(ResultSize::SelfBounded, true), Threshold::SelfBounded);
+        assert_eq!(budget.threshold(&read()), Threshold::SelfBounded);
+    }
+
+    #[test]
+    fn a_tool_override_replaces_the_threshold_up_to_the_absolute_cap() {
+        let (budget, _) =
+            in_memory(&config("[budget.tools]\ngrep = 120\nbig = 1e9\nRead = 5\nraw = 100_000.9\n"));
+        assert_eq!(
+            budget.threshold(&plugin("grep", ResultSize::Chars(50_000), false)),
+            Threshold::Chars(120)
+        );
+        assert_eq!(budget.threshold(&plugin("big", ResultSize::Chars(10), false)), Threshold::Chars(400_000));
+        assert_eq!(
+            budget.threshold(&plugin("raw", ResultSize::SelfBounded, false)),
+            Threshold::Chars(100_000)
+        );
+        assert_eq!(budget.threshold(&read()), Threshold::SelfBounded, "config cannot force a loop");
+        assert!(budget.warnings().is_empty(), "{:?}", budget.warnings());
+    }
+
+    #[test]
+    fn only_finite_positive_overrides_take_effect() {
+        let (budget, _) = in_memory(&config(
+            "[budget]\nper_message_chars = nan\n[budget.tools]\na = 0\nb = -1\nc = inf\nd = -inf\ne = 0.0\n\
+             f = 1.5\ng = nan\nh = -0.5\n",
+        ));
+        assert_eq!(budget.per_message_chars(), 200_000);
+        assert_eq!(
+            budget.warnings(),
+            [
+                "ignoring `[budget] per_message_chars = nan` in the config: only a finite positive number takes effect",
+                "ignoring `[budget.tools] a = 0` in the config: only a finite positive number takes effect",
+                "ignoring `[budget.tools] b = -1` in the config: only a finite positive number takes effect",
+                "ignoring `[budget.tools] c = inf` in the config: only a finite positive number takes effect",
+                "ignoring `[budget.tools] d = -inf` in the config: only a finite positive number takes effect",
+                "ignoring `[budget.tools] e = 0` in the config: only a finite positive number takes effect",
+                "ignoring `[budget.tools] g = nan` in the config: only a finite positive number takes effect",
+                "ignoring `[budget.tools] h = -0.5` in the config: only a finite positive number takes effect",
+            ]
+        );
+        for name in ["a", "b", "c", "d", "e", "g", "h"] {
+            assert_eq!(
+                budget.threshold(&plugin(name, ResultSize::Chars(70), false)),
+                Threshold::Chars(70),
+                "{name}"
+            );
+        }
+        assert_eq!(budget.threshold(&plugin("f", ResultSize::Chars(70), false)), Threshold::Chars(1));
+        for value in ["0", "-5", "inf", "-inf", "nan"] {
+            let (budget, _) = in_memory(&config(&format!("[budget]\nper_message_chars = {value}\n")));
+            assert_eq!(budget.per_message_chars(), 200_000, "{value}");
+            assert_eq!(budget.warnings().len(), 1, "{value}");
+        }
+        let (budget, _) = in_memory(&config("[budget]\nper_message_chars = 150_000\n"));
+        assert_eq!(budget.per_message_chars(), 150_000);
+    }
+
+    #[test]
+    fn an_override_of_the_wrong_type_or_key_is_a_config_error() {
+        let error = |text: &str| Config::parse(text, Path::new("keel.toml")).unwrap_err().to_string();
+        assert!(error("[budget]\nper_message_chars = \"big\"\n").contains("invalid type: string"));
+        assert!(error("[budget]\nper_message = 5\n").contains("unknown field `per_message`"));
+    }
+
+    #[test]
+    fn tools_are_checked_against_trust_and_the_overrides() {
+        let (budget, _) = in_memory(&config("[budget.tools]\nRead = 10\nghost = 10\ngrep = 10\n"));
+        let read = read();
+        let grep = plugin("grep", ResultSize::Chars(50_000), false);
+        let lazy = plugin("lazy", ResultSize::SelfBounded, false);
+        let trusted = plugin("cat", ResultSize::SelfBounded, true);
+        let tools = [&read, &grep, &lazy, &trusted];
+        assert_eq!(
+            budget.check_tools(tools),
+            [
+                "ignoring `[budget.tools] Read` in the config: the tool bounds its own output and is never \
+                 persisted",
+                "plugin tool `lazy` says it bounds its own output, but the config does not trust it: its \
+                 results are persisted past 50000 chars",
+                "ignoring `[budget.tools] ghost` in the config: no tool has that name",
+            ]
+        );
+    }
+
+    #[test]
+    fn the_byte_cap_holds_when_the_char_threshold_does_not() {
+        let wide = Threshold::Chars(400_000);
+        assert!(!wide.exceeded_by(&"🦀".repeat(100_000)), "exactly 400,000 bytes");
+        assert!(wide.exceeded_by(&format!("{}a", "🦀".repeat(100_000))), "400,001 bytes, 100,001 chars");
+        assert!(!Threshold::Chars(50_000).exceeded_by(&"€".repeat(50_000)), "150,000 bytes, 50,000 chars");
+        assert!(Threshold::Chars(50_000).exceeded_by(&"€".repeat(50_001)));
+        assert!(!Threshold::SelfBounded.exceeded_by(&"x".repeat(1_000_000)));
+    }
+
+    #[tokio::test]
+    async fn per_tool_keeps_a_result_at_its_limit_and_persists_one_over() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        let at = ToolResult::ok("at", text(50_000));
+        assert_eq!(budget.per_tool(at.clone(), Threshold::default()).await, at);
+        assert!(store.names().is_empty());
+
+        let over = text(50_001);
+        let result = budget.per_tool(ToolResult::ok("toolu_over", over.clone()), Threshold::default()).await;
+        let expected = format!(
+            "<persisted-output>\nOutput too large (50001 chars, 50001 bytes). Full output saved to: \
+             tool-results/toolu_over.txt\n\nPreview (first 1999 bytes):\n{}\n...\n</persisted-output>",
+            &over[..1_999]
+        );
+        assert_eq!(result, ToolResult::ok("toolu_over", expected));
+        assert_eq!(store.files.lock().unwrap()["toolu_over.txt"], over.as_bytes());
+    }
+
+    #[tokio::test]
+    async fn per_tool_persists_an_error_result_as_an_error() {
+        let (budget, _) = in_memory(&BudgetConfig::default());
+        let result = budget.per_tool(ToolResult::error("e", text(11)), Threshold::Chars(10)).await;
+        assert!(result.is_error);
+        assert!(
+            result.content.starts_with("<persisted-output>\nOutput too large (11 chars"),
+            "{}",
+            result.content
+        );
+    }
+
+    #[tokio::test]
+    async fn per_tool_never_persists_a_self_bounded_result_or_a_replacement() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        let huge = ToolResult::ok("r", text(3_000_000));
+        assert_eq!(budget.per_tool(huge.clone(), Threshold::SelfBounded).await, huge);
+        let block = ToolResult::ok("b", persisted_block(&text(5_000), "tool-results/b.txt"));
+        assert_eq!(budget.per_tool(block.clone(), Threshold::Chars(10)).await, block);
+        assert!(store.names().is_empty());
+    }
+
+    #[tokio::test]
+    async fn shown_root_prefixes_the_path() {
+        let (budget, _) = in_memory(&BudgetConfig::default());
+        let budget = budget.shown_root("/home/me/.keel/s1");
+        let result = budget.per_tool(ToolResult::ok("a", text(11)), Threshold::Chars(10)).await;
+        assert!(
+            result.content.contains("Full output saved to: /home/me/.keel/s1/tool-results/a.txt\n"),
+            "{}",
+            result.content
+        );
+    }
+
+    #[tokio::test]
+    async fn a_full_disk_gives_a_clear_error_result_not_a_lost_one() {
+        let store = Arc::new(Memory { fail_with: Some(28), ..Memory::default() });
+        let budget = Budget::with_store(&BudgetConfig::default(), store);
+        let content = format!("first line\n{}", text(60_000));
+        let result = budget.per_tool(ToolResult::ok("toolu_1", content), Threshold::default()).await;
+        assert_eq!(
+            result,
+            ToolResult::error(
+                "toolu_1",
+                "Failed to save the full output (60011 chars, 60011 bytes) to tool-results/toolu_1.txt: No \
+                 space left on device (os error 28). Only this preview is left; run the tool again with a \
+                 narrower input.\n\nPreview (first 1910 bytes):\n"
+                    .to_owned()
+                    + &format!("first line\n{}", text(60_000))[..1_910]
+                    + "\n..."
+            )
+        );
+    }
+
+    #[tokio::test]
+    async fn a_panicking_writer_is_a_failure_too() {
+        struct Panics;
+        impl ResultStore for Panics {
+            fn write(&self, _: &str, _: &[u8]) -> io::Result<()> {
+                panic!("writer bug")
+            }
+        }
+        let budget = Budget::with_store(&BudgetConfig::default(), Arc::new(Panics));
+        let result = budget.per_tool(ToolResult::ok("p", text(11)), Threshold::Chars(10)).await;
+        assert!(result.is_error);
+        assert!(
+            result.content.starts_with(
+                "Failed to save the full output (11 chars, 11 bytes) to tool-results/p.txt: the writer panicked."
+            ),
+            "{}",
+            result.content
+        );
+    }
+
+    #[tokio::test]
+    async fn a_real_session_dir_that_cannot_be_written_gives_an_error_result() {
+        let session = tempfile::tempdir().unwrap();
+        std::fs::write(session.path().join("tool-results"), "in the way").unwrap();
+        let budget = Budget::new(&BudgetConfig::default(), session.path());
+        let result = budget.per_tool(ToolResult::ok("a", text(11)), Threshold::Chars(10)).await;
+        assert!(result.is_error);
+        assert!(
+            result
+                .content
+                .starts_with("Failed to save the full output (11 chars, 11 bytes) to tool-results/a.txt: "),
+            "{}",
+            result.content
+        );
+    }
+
+    fn results(sizes: &[usize]) -> Vec<ToolResult> {
+        sizes.iter().enumerate().map(|(i, &n)| ToolResult::ok(format!("r{i}"), text(n))).collect()
+    }
+
+    fn replaced_ids(results: &[ToolResult]) -> Vec<&str> {
+        results
+            .iter()
+            .filter(|r| is_replacement(&r.content, r.is_error))
+            .map(|r| r.tool_use_id.as_str())
+            .collect()
+    }
+
+    fn total(results: &[ToolResult]) -> usize {
+        results.iter().map(|r| r.content.chars().count()).sum()
+    }
+
+    #[tokio::test]
+    async fn a_message_exactly_at_the_limit_is_kept_whole() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        let mut message = results(&[40_000; 5]);
+        let before = message.clone();
+        let mut ledger = Ledger::new();
+        budget.per_message(&mut message, &[Threshold::default(); 5], &mut ledger).await;
+        assert_eq!(message, before);
+        assert!(store.names().is_empty());
+        assert_eq!(ledger.iter().filter(|(_, d)| **d == Decision::Kept).count(), 5);
+    }
+
+    #[tokio::test]
+    async fn a_message_one_over_loses_its_largest_result() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        let mut message = results(&[40_000, 40_000, 40_001, 40_000, 40_000]);
+        let before = message.clone();
+        let mut ledger = Ledger::new();
+        budget.per_message(&mut message, &[Threshold::default(); 5], &mut ledger).await;
+        assert_eq!(replaced_ids(&message), ["r2"]);
+        assert_eq!(message[2].content, persisted_block(&before[2].content, "tool-results/r2.txt"));
+        assert_eq!(store.names(), ["r2.txt"]);
+        assert_eq!(
+            ledger.get("r2"),
+            Some(&Decision::Replaced { content: message[2].content.clone(), is_error: false })
+        );
+        assert_eq!(ledger.get("r0"), Some(&Decision::Kept));
+    }
+
+    #[tokio::test]
+    async fn ties_go_to_the_earlier_result_until_the_message_fits() {
+        let (budget, _) = in_memory(&BudgetConfig::default());
+        let mut message = results(&[40_000; 10]);
+        let mut ledger = Ledger::new();
+        budget.per_message(&mut message, &[Threshold::default(); 10], &mut ledger).await;
+        // Each replacement saves 40,000 minus its block's length (about
+        // 2,100): five leave 210K, the sixth brings the message under.
+        assert_eq!(replaced_ids(&message), ["r0", "r1", "r2", "r3", "r4", "r5"]);
+        assert!(total(&message) <= 200_000 && total(&message) > 160_000, "{}", total(&message));
+        assert_eq!(ledger.len(), 10);
+    }
+
+    #[tokio::test]
+    async fn largest_first_skipping_self_bounded_results() {
+        let (budget, _) = in_memory(&BudgetConfig::default());
+        let mut message = results(&[100_000, 10_000, 80_000, 30_000, 60_000]);
+        let thresholds = [
+            Threshold::SelfBounded,
+            Threshold::default(),
+            Threshold::default(),
+            Threshold::Chars(500),
+            Threshold::default(),
+        ];
+        let mut ledger = Ledger::new();
+        budget.per_message(&mut message, &thresholds, &mut ledger).await;
+        // 280K: the self-bounded 100K stays; 80K then 60K go.
+        assert_eq!(replaced_ids(&message), ["r2", "r4"]);
+        assert_eq!(message[0].content.len(), 100_000);
+    }
+
+    #[tokio::test]
+    async fn a_message_of_exempt_results_may_stay_over() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        let mut message = results(&[150_000, 150_000]);
+        let before = message.clone();
+        let mut ledger = Ledger::new();
+        budget.per_message(&mut message, &[Threshold::SelfBounded; 2], &mut ledger).await;
+        assert_eq!(message, before);
+        assert!(store.names().is_empty());
+    }
+
+    #[tokio::test]
+    async fn messages_are_judged_independently() {
+        let (budget, _) = in_memory(&BudgetConfig::default());
+        let mut ledger = Ledger::new();
+        let mut first = results(&[150_000]);
+        budget.per_message(&mut first, &[Threshold::SelfBounded], &mut ledger).await;
+        let mut second: Vec<ToolResult> =
+            (0..3).map(|i| ToolResult::ok(format!("s{i}"), text(50_000))).collect();
+        let before = second.clone();
+        budget.per_message(&mut second, &[Threshold::default(); 3], &mut ledger).await;
+        assert_eq!(second, before, "the first message's 150K does not count against the second");
+    }
+
+    #[tokio::test]
+    async fn the_per_message_limit_can_be_lowered() {
+        let (budget, _) = in_memory(&config("[budget]\nper_message_chars = 50_000\n"));
+        let mut message = results(&[30_000, 30_000]);
+        budget.per_message(&mut message, &[Threshold::default(); 2], &mut Ledger::new()).await;
+        assert_eq!(replaced_ids(&message), ["r0"]);
+    }
+
+    #[tokio::test]
+    async fn recorded_decisions_are_applied_again_without_writing() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        let mut ledger = Ledger::new();
+        ledger.record("r0", Decision::Kept);
+        ledger.record("r1", Decision::Replaced { content: "earlier bytes".into(), is_error: true });
+        // r0 is the largest, and was kept: it stays whole, and r2 goes.
+        let mut message = results(&[190_000, 50_000, 20_000]);
+        budget.per_message(&mut message, &[Threshold::default(); 3], &mut ledger).await;
+        assert_eq!(message[0].content.len(), 190_000);
+        assert_eq!(message[1], ToolResult::error("r1", "earlier bytes"));
+        assert_eq!(replaced_ids(&message), ["r2"]);
+        assert_eq!(store.names(), ["r2.txt"]);
+    }
+
+    #[tokio::test]
+    async fn a_failed_persist_still_shrinks_the_message_and_is_recorded() {
+        let store = Arc::new(Memory { fail_with: Some(28), ..Memory::default() });
+        let budget = Budget::with_store(&BudgetConfig::default(), store);
+        let mut message = results(&[150_000, 60_000]);
+        let mut ledger = Ledger::new();
+        budget.per_message(&mut message, &[Threshold::SelfBounded, Threshold::default()], &mut ledger).await;
+        assert!(message[1].is_error);
+        assert!(message[1].content.starts_with("Failed to save the full output (60000 chars"));
+        assert_eq!(
+            ledger.get("r1"),
+            Some(&Decision::Replaced { content: message[1].content.clone(), is_error: true })
+        );
+        assert!(total(&message) <= 200_000);
+    }
+
+    #[test]
+    #[should_panic(expected = "one threshold per result")]
+    fn per_message_wants_one_threshold_per_result() {
+        let (budget, _) = in_memory(&BudgetConfig::default());
+        let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
+        runtime.block_on(budget.per_message(&mut results(&[1]), &[], &mut Ledger::new()));
+    }
+}
