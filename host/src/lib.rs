@@ -48,6 +48,7 @@ pub mod runner;
 pub mod sandbox;
 pub mod scheduler;
 pub mod schema;
+pub mod summary;
 pub mod tool;
 
 pub use batch::{ToolResult, ToolUse};
