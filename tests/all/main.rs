@@ -2,6 +2,7 @@
 //! the real host. One module per topic.
 
 mod batch;
+mod budget;
 mod cache;
 mod load;
 mod queries;
