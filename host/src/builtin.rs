@@ -5,5 +5,7 @@
 //! [`Tool`]: crate::tool::Tool
 
 mod read;
+mod tool_search;
 
 pub use read::Read;
+pub use tool_search::{TOOL_SEARCH, ToolSearch};

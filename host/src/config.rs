@@ -15,6 +15,9 @@
 //!
 //! [plugins."acme_*"] # grants by tool name or pattern; see `grants`
 //! env = ["ACME_REGION"]
+//!
+//! [permissions]     # rules for calls; see `permissions`
+//! deny = ["write_file(**/*.lock)"]
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -44,6 +47,9 @@ pub struct Config {
     /// Capability grants per plugin, by tool name or pattern.
     #[serde(default)]
     pub plugins: PluginsConfig,
+    /// `[permissions]`: rules, their default and the mode; see `permissions`.
+    #[serde(default)]
+    pub permissions: crate::permissions::PermissionsConfig,
 }
 
 /// `[limits]`: overrides of [`Limits`]; a key left out keeps its default.

@@ -15,14 +15,16 @@ use crate::engine::{Runtime, default_cache_dir};
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::plugin::{LoadReport, PluginTool, plugin_files};
-use crate::pool::ToolPool;
+use crate::permissions::{Permissions, Prompter};
+use crate::pool::{PoolOptions, ToolPool};
 use crate::scheduler::{self, BatchOutcome, Interrupt, RunOptions};
 use crate::tool::Tool;
 
 /// Builds a [`Host`].
 ///
 /// Defaults: the workspace is the current directory; no plugins; the
-/// built-in tools included; [`Limits::default`]; compiled plugins cached in
+/// built-in tools included; no prompter (a call that needs approval is
+/// denied); [`Limits::default`]; compiled plugins cached in
 /// [`default_cache_dir`] (`$KEEL_CACHE_DIR`, else `$XDG_CACHE_HOME/keel`,
 /// else `~/.cache/keel`).
 pub struct HostBuilder {
@@ -33,6 +35,7 @@ pub struct HostBuilder {
     builtins: bool,
     native: Vec<Arc<dyn Tool>>,
     config: Config,
+    prompter: Option<Arc<dyn Prompter>>,
 }
 
 impl HostBuilder {
@@ -75,6 +78,14 @@ impl HostBuilder {
         self
     }
 
+    /// Who is asked when a call needs approval (a permission rule, the
+    /// default or the tool itself says `ask`). Default: no one, and such a
+    /// call is denied with a message saying it requires approval.
+    pub fn prompter(mut self, prompter: Arc<dyn Prompter>) -> Self {
+        self.prompter = Some(prompter);
+        self
+    }
+
     /// Whether the built-in tools (such as `Read`) are in the pool.
     pub fn builtins(mut self, yes: bool) -> Self {
         self.builtins = yes;
@@ -108,7 +119,12 @@ impl HostBuilder {
                 plugins.push(Arc::new(plugin));
             }
         }
-        let (pool, warnings) = ToolPool::assemble(builtins, plugins)?;
+        let mut permissions = Permissions::new(self.config.permissions.clone());
+        if let Some(prompter) = self.prompter {
+            permissions = permissions.with_prompter(prompter);
+        }
+        let options = PoolOptions { permissions: Arc::new(permissions), tool_search: self.builtins };
+        let (pool, warnings) = ToolPool::assemble_with(builtins, plugins, options)?;
         for warning in &warnings {
             tracing::warn!("{warning}");
         }
@@ -142,6 +158,7 @@ impl Host {
             builtins: true,
             native: Vec::new(),
             config: Config::default(),
+            prompter: None,
         }
     }
 

@@ -23,7 +23,7 @@
 //! ```
 //!
 //! The path of a call: [`plugin`] loading → [`pool`] → validation and
-//! permission ([`runner`]) → a [`sandbox`] with [`limits`] → results
+//! [`permissions`] ([`runner`]) → a [`sandbox`] with [`limits`] → results
 //! ([`batch`]).
 #![deny(missing_docs)]
 
@@ -33,6 +33,7 @@ pub mod budget;
 pub mod builtin;
 pub mod config;
 pub mod context;
+pub mod definitions;
 pub mod engine;
 pub mod error;
 pub mod events;
@@ -42,6 +43,7 @@ mod host;
 pub mod ledger;
 pub mod limits;
 pub mod partition;
+pub mod permissions;
 pub mod plugin;
 pub mod pool;
 pub mod runner;

@@ -1,11 +1,32 @@
-//! The tool pool: which tools the model sees, in which order.
+//! The tool pool: which tools the model sees, in which order, and the rules
+//! every call of them is held to.
+//!
+//! Assembly (DESIGN.md §2): built-ins sorted by name, then plugins sorted by
+//! name, de-duplicated by name keeping the first, so a built-in always wins a
+//! clash and adding or removing a plugin never changes the order or the
+//! definitions of the built-ins (what keeps an agent's prompt cache valid).
+//! Before that, tools are left out that the model must not see: disabled
+//! ones (`is-enabled` false or trapping, with a warning), those outside the
+//! [`Mode`], and those a `deny` rule without a pattern covers — judged by the
+//! same matcher as the permission check of each call ([`Permissions`]).
+//! Aliases resolve to their tool and never shadow a real name.
+//!
+//! When some tool is deferred (`should-defer` without `always-load`), the
+//! built-in [`ToolSearch`] is added last: its description names the deferred
+//! tools, and it changes with them, so it goes after everything whose bytes
+//! must stay put.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 
+use crate::builtin::{TOOL_SEARCH, ToolSearch};
 use crate::error::{Error, Result};
+use crate::permissions::{Mode, Permissions};
 use crate::schema::InputSchema;
-use crate::tool::{Tool, ToolOrigin};
+use crate::tool::{Tool, ToolOrigin, ToolSpec};
+
+/// The built-ins [`Mode::Simple`] keeps.
+pub const CORE_BUILTINS: &[&str] = &["Read"];
 
 /// A tool in the pool, with its compiled input schema.
 pub struct PoolEntry {
@@ -15,29 +36,74 @@ pub struct PoolEntry {
     pub schema: InputSchema,
 }
 
-/// The tools offered to the model: built-ins sorted by name, then plugins
-/// sorted by name, de-duplicated by name keeping the first, so a built-in
-/// always wins a clash and adding a plugin never reorders the built-ins (what
-/// keeps an agent's prompt cache valid).
+/// How a pool is assembled.
+///
+/// Defaults: no permission rules (every call the tool allows may run, an
+/// `ask` is a denial), [`Mode::Full`], and `ToolSearch` added when some tool
+/// is deferred.
+#[derive(Clone, Debug)]
+pub struct PoolOptions {
+    /// The rules, the mode and the prompter; kept by the pool for the
+    /// permission check of every call.
+    pub permissions: Arc<Permissions>,
+    /// Whether to add `ToolSearch` when some tool is deferred. Without it no
+    /// tool is deferred: each is shown in full.
+    pub tool_search: bool,
+}
+
+impl Default for PoolOptions {
+    fn default() -> Self {
+        PoolOptions { permissions: Arc::default(), tool_search: true }
+    }
+}
+
+/// The tools offered to the model, in the order they are offered, and the
+/// rules their calls are held to. See the [module docs](self).
 pub struct ToolPool {
     entries: Vec<PoolEntry>,
     index: HashMap<String, usize>,
+    permissions: Arc<Permissions>,
+    deferral: bool,
 }
 
 impl ToolPool {
-    /// Assemble the pool. Returns it with a warning for every tool left out.
+    /// Assemble the pool with [`PoolOptions::default`]. Returns it with a
+    /// warning for every tool left out against its author's wish.
     pub fn assemble(
+        builtins: Vec<Arc<dyn Tool>>,
+        plugins: Vec<Arc<dyn Tool>>,
+    ) -> Result<(Self, Vec<String>)> {
+        ToolPool::assemble_with(builtins, plugins, PoolOptions::default())
+    }
+
+    /// Assemble the pool (see the [module docs](self)). Returns it with a
+    /// warning for every tool left out against its author's wish: disabled,
+    /// or losing a name clash. Tools the configuration leaves out are
+    /// logged, not warned about.
+    pub fn assemble_with(
         mut builtins: Vec<Arc<dyn Tool>>,
         mut plugins: Vec<Arc<dyn Tool>>,
+        options: PoolOptions,
     ) -> Result<(Self, Vec<String>)> {
         builtins.sort_by(|a, b| a.spec().name.cmp(&b.spec().name));
         plugins.sort_by(|a, b| a.spec().name.cmp(&b.spec().name));
-        let mut pool = ToolPool { entries: Vec::new(), index: HashMap::new() };
+        let permissions = options.permissions;
+        let mut pool = ToolPool { entries: Vec::new(), index: HashMap::new(), permissions, deferral: false };
         let mut warnings = Vec::new();
         for tool in builtins.into_iter().chain(plugins) {
             let spec = tool.spec();
             if !spec.enabled {
                 warnings.push(format!("tool `{}` is disabled and left out", spec.name));
+                continue;
+            }
+            if !pool.offers(spec) {
+                continue;
+            }
+            if options.tool_search && spec.name == TOOL_SEARCH && spec.origin != ToolOrigin::BuiltIn {
+                warnings.push(format!(
+                    "tool `{TOOL_SEARCH}` from {} is left out: the name is reserved for the built-in",
+                    describe(&spec.origin)
+                ));
                 continue;
             }
             if let Some(&kept) = pool.index.get(&spec.name) {
@@ -55,22 +121,72 @@ impl ToolPool {
                     continue;
                 }
             }
-            let schema = InputSchema::compile(&spec.input_schema).map_err(|reason| match &spec.origin {
-                ToolOrigin::Plugin { path } => {
-                    Error::plugin(path, format!("the input schema of `{}` is invalid: {reason}", spec.name))
+            pool.push(tool)?;
+        }
+        if options.tool_search {
+            let deferred: Vec<&ToolSpec> =
+                pool.entries.iter().map(|entry| entry.tool.spec()).filter(|spec| deferrable(spec)).collect();
+            if !deferred.is_empty() {
+                let search = ToolSearch::new(deferred);
+                if pool.offers(search.spec()) {
+                    pool.push(Arc::new(search))?;
+                    pool.deferral = true;
                 }
-                ToolOrigin::BuiltIn => {
-                    Error::Engine(format!("built-in `{}` has an invalid schema: {reason}", spec.name))
-                }
-            })?;
-            let position = pool.entries.len();
-            pool.index.insert(spec.name.clone(), position);
-            for alias in &spec.aliases {
-                pool.index.entry(alias.clone()).or_insert(position);
             }
-            pool.entries.push(PoolEntry { tool, schema });
         }
         Ok((pool, warnings))
+    }
+
+    /// Whether the mode and the blanket `deny` rules let the model see
+    /// `spec`; logs why not.
+    fn offers(&self, spec: &ToolSpec) -> bool {
+        let core = spec.origin == ToolOrigin::BuiltIn && CORE_BUILTINS.contains(&spec.name.as_str());
+        if self.permissions.mode() == Mode::Simple && !core {
+            tracing::info!(
+                "tool `{}` is left out: the simple mode offers only the core built-ins",
+                spec.name
+            );
+            return false;
+        }
+        if let Some(rule) = self.permissions.blanket_deny(spec) {
+            tracing::info!(
+                "tool `{}` is left out: the deny rule `{rule}` covers every call of it",
+                spec.name
+            );
+            return false;
+        }
+        true
+    }
+
+    /// Add `tool` at the end, under its name and every alias not taken.
+    fn push(&mut self, tool: Arc<dyn Tool>) -> Result<()> {
+        let spec = tool.spec();
+        let schema = InputSchema::compile(&spec.input_schema).map_err(|reason| match &spec.origin {
+            ToolOrigin::Plugin { path } => {
+                Error::plugin(path, format!("the input schema of `{}` is invalid: {reason}", spec.name))
+            }
+            ToolOrigin::BuiltIn => {
+                Error::Engine(format!("built-in `{}` has an invalid schema: {reason}", spec.name))
+            }
+        })?;
+        let position = self.entries.len();
+        self.index.insert(spec.name.clone(), position);
+        for alias in &spec.aliases {
+            self.index.entry(alias.clone()).or_insert(position);
+        }
+        self.entries.push(PoolEntry { tool, schema });
+        Ok(())
+    }
+
+    /// The rules every call of the pool's tools is held to.
+    pub fn permissions(&self) -> &Permissions {
+        &self.permissions
+    }
+
+    /// Whether the model is shown `spec` by name only, through `ToolSearch`:
+    /// it is deferred and the pool has `ToolSearch` to find it.
+    pub fn is_deferred(&self, spec: &ToolSpec) -> bool {
+        self.deferral && deferrable(spec)
     }
 
     /// The tool called `name`, by its name or an alias.
@@ -103,4 +219,9 @@ fn describe(origin: &ToolOrigin) -> String {
         ToolOrigin::BuiltIn => "the built-in".into(),
         ToolOrigin::Plugin { path } => format!("plugin {}", path.display()),
     }
+}
+
+/// Whether a tool asks to be listed by name only.
+fn deferrable(spec: &ToolSpec) -> bool {
+    spec.should_defer && !spec.always_load
 }

@@ -1,11 +1,13 @@
 //! One call, step by step: resolve the name, check the input against the
 //! schema, ask the per-input questions (planning), then at its turn ask the
-//! tool's own `validate-input`, then `check-permissions`, and run it.
+//! tool's own `validate-input`, then `check-permissions`, then the host's
+//! [permission rules](crate::permissions), and run it.
 
 use serde_json::Value;
 
 use crate::batch::{ToolResult, ToolUse};
 use crate::limits::BatchFuel;
+use crate::permissions::PendingCall;
 use crate::pool::{PoolEntry, ToolPool};
 use crate::scheduler::Interrupt;
 use crate::tool::{CallContext, CallError, InterruptBehavior, Invocation, PermissionDecision};
@@ -65,27 +67,30 @@ impl Prepared {
     }
 
     /// At the call's turn: the tool's own validation, then its permission
-    /// check (only when validation passed), then the call itself. An
-    /// interrupt stops a `cancel` call; a `block` call runs to its end.
+    /// check (only when validation passed) and the host's rules, then the
+    /// call itself. An interrupt stops a `cancel` call; a `block` call runs
+    /// to its end.
     pub async fn run(mut self, pool: &ToolPool, cx: CallContext, interrupt: &Interrupt) -> (ToolResult, Option<Value>) {
         let fail = |message: String| (ToolResult::error(&self.id, message), None);
         let name = self.name.clone();
         if let Err(reason) = self.invocation.validate_input().await {
             return fail(format!("Invalid input for {name}: {reason}"));
         }
-        match self.invocation.check_permissions().await {
-            PermissionDecision::Allow(None) => {}
+        let tool_asks = match self.invocation.check_permissions().await {
+            PermissionDecision::Allow(None) => None,
             PermissionDecision::Allow(Some(updated)) => {
                 let entry = pool.get(&name).expect("a prepared call's tool is in the pool");
                 if let Err(reason) = check_schema(entry, &updated) {
                     return fail(reason);
                 }
                 self.invocation.set_input(updated);
+                None
             }
             PermissionDecision::Deny(message) => return fail(format!("Permission to use {name} denied: {message}")),
-            PermissionDecision::Ask(message) => {
-                return fail(format!("{name} requires approval, and no one can be asked in this run: {message}"));
-            }
+            PermissionDecision::Ask(message) => Some(message),
+        };
+        if let Err(message) = authorize(pool, &name, &mut *self.invocation, tool_asks, interrupt).await {
+            return fail(message);
         }
         let call = self.invocation.call(cx);
         let outcome = match self.interrupt {
@@ -99,6 +104,32 @@ impl Prepared {
             Ok(output) => (ToolResult::ok(&self.id, output.content), output.context_modifier),
             Err(error) => fail(call_failed(&name, &error)),
         }
+    }
+}
+
+/// The host's permission rules on top of the tool's own answer (see
+/// [`crate::permissions`]); the tool is asked for its permission subject only
+/// when a rule or a prompt wants it. A call waiting for approval that is
+/// interrupted never starts.
+async fn authorize(
+    pool: &ToolPool,
+    name: &str,
+    invocation: &mut dyn Invocation,
+    tool_asks: Option<String>,
+    interrupt: &Interrupt,
+) -> Result<(), String> {
+    let spec = pool.get(name).expect("a prepared call's tool is in the pool").tool.spec();
+    let permissions = pool.permissions();
+    let subject = if permissions.wants_subject(spec, tool_asks.is_some()) {
+        invocation.permission_subject().await
+    } else {
+        None
+    };
+    let call = PendingCall { spec, input: invocation.input(), subject, tool_asks };
+    tokio::select! {
+        biased;
+        verdict = permissions.authorize(call) => verdict,
+        () = interrupt.interrupted() => Err(NOT_STARTED.into()),
     }
 }
 

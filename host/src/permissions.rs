@@ -1,0 +1,858 @@
+//! Permission rules: the host's say on a call, after the tool's own.
+//!
+//! A call that passed its schema and the tool's `validate-input` is first
+//! judged by the tool (`check-permissions`), then by the rules of the
+//! `[permissions]` section of `keel.toml`:
+//!
+//! ```toml
+//! [permissions]
+//! allow = ["grep", "write_file(docs/**)"]
+//! ask = ["write_file"]
+//! deny = ["write_file(**/*.lock)", "acme__*"]
+//! default = "allow"   # what a call no rule matches gets: "allow", "ask" or "deny"
+//! mode = "full"       # "simple" offers only the core built-ins
+//! ```
+//!
+//! # Rules
+//!
+//! A rule is `Tool` or `Tool(pattern)`. `Tool` is a tool's name, or a glob
+//! over names where `*` stands for any run of characters; it matches a tool
+//! by its name or by any of its aliases, so renaming a tool never slips it
+//! past an old rule. `pattern` is a glob matched against the tool's
+//! `permission-subject` for the call's input (a path, a command line): `*`
+//! matches any run of characters, `/` included, so a rule never misses a
+//! subject for having more path segments than its author thought of; `**`
+//! reads the same (`docs/**`, `**/*.lock`), `?` matches one character,
+//! `[abc]` a class, `{a,b}` either, and `\` escapes. Every glob is compiled
+//! once, when the configuration is read.
+//!
+//! A tool that gives no subject for a call cannot be proved outside a
+//! pattern: a `deny` or `ask` rule with a pattern applies to it, an `allow`
+//! rule with a pattern does not.
+//!
+//! # Plugin namespaces
+//!
+//! The namespace of a tool is the part of its name before its first `__`
+//! ([`NAMESPACE_SEPARATOR`]): `acme__search` and `acme__fetch` are the
+//! namespace `acme`, as MCP clients name a server's tools
+//! `mcp__<server>__<tool>`. The rule `acme__*` names every tool of the
+//! namespace; as a `deny` rule it removes them all from the pool before the
+//! model sees it. Any other name glob works the same way (`acme_*` for a
+//! family that uses one underscore).
+//!
+//! # Deciding
+//!
+//! Deny beats ask beats allow: the first `deny` rule that matches decides,
+//! else the first `ask` rule, else the first `allow` rule, else the
+//! configured `default` (allow, unless set). The tool's own answer is then
+//! combined with the host's, and the stricter wins: rules can tighten what a
+//! tool decided, never loosen it. An `ask` goes to the [`Prompter`] the
+//! embedding agent supplied; without one it is a denial saying the call
+//! requires approval.
+//!
+//! The same matcher decides which tools the model sees at all: a `deny`
+//! rule without a pattern covers every call of the tools it names, so those
+//! tools are left out of the pool (see [`crate::pool`]) instead of failing
+//! at call time.
+
+use std::fmt;
+use std::io::{BufRead as _, IsTerminal as _, Write as _};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use globset::{GlobBuilder, GlobMatcher};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::tool::ToolSpec;
+
+/// What separates a plugin namespace from the rest of a tool's name.
+pub const NAMESPACE_SEPARATOR: &str = "__";
+
+/// The namespace of a tool name: the part before its first `__`, if it has one.
+///
+/// ```
+/// use keel_host::permissions::namespace;
+/// assert_eq!(namespace("acme__search"), Some("acme"));
+/// assert_eq!(namespace("mcp__github__create_issue"), Some("mcp"));
+/// assert_eq!(namespace("grep"), None);
+/// ```
+pub fn namespace(tool: &str) -> Option<&str> {
+    tool.split_once(NAMESPACE_SEPARATOR).map(|(namespace, _)| namespace).filter(|ns| !ns.is_empty())
+}
+
+/// What a rule, or the default, says about a call. Ordered from the loosest
+/// to the strictest, so the stricter of two answers is their maximum.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
+#[serde(rename_all = "lowercase")]
+pub enum Behavior {
+    /// Run the call.
+    #[default]
+    Allow,
+    /// Ask a person first.
+    Ask,
+    /// Refuse the call.
+    Deny,
+}
+
+impl fmt::Display for Behavior {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Behavior::Allow => "allow",
+            Behavior::Ask => "ask",
+            Behavior::Deny => "deny",
+        })
+    }
+}
+
+/// Which tools are offered at all, before any rule is looked at.
+#[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Every enabled tool. The default.
+    #[default]
+    Full,
+    /// Only the core built-ins ([`crate::pool::CORE_BUILTINS`]): no plugins,
+    /// no native tools of the embedding agent.
+    Simple,
+}
+
+/// `[permissions]`: rules, the default for calls no rule matches, and the
+/// mode. Every key is optional; the defaults allow every call the tool
+/// itself allows.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields)]
+pub struct PermissionsConfig {
+    /// Calls that run without asking.
+    #[serde(default)]
+    pub allow: Vec<Rule>,
+    /// Calls that need a person's approval.
+    #[serde(default)]
+    pub ask: Vec<Rule>,
+    /// Calls that never run; a rule without a pattern also removes the tools
+    /// it names from the pool.
+    #[serde(default)]
+    pub deny: Vec<Rule>,
+    /// What a call no rule matches gets. Default: allow.
+    #[serde(default)]
+    pub default: Behavior,
+    /// Which tools are offered. Default: all of them.
+    #[serde(default)]
+    pub mode: Mode,
+}
+
+/// A rule could not be read.
+#[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
+#[error("invalid permission rule {rule:?}: {reason}")]
+pub struct RuleError {
+    /// The rule as written.
+    pub rule: String,
+    /// What is wrong with it.
+    pub reason: String,
+}
+
+/// One permission rule, `Tool` or `Tool(pattern)`, compiled once.
+#[derive(Clone)]
+pub struct Rule {
+    text: String,
+    tool: GlobMatcher,
+    subject: Option<GlobMatcher>,
+}
+
+impl Rule {
+    /// Read and compile a rule.
+    ///
+    /// ```
+    /// use keel_host::permissions::Rule;
+    /// let rule = Rule::parse("write_file(docs/**)").unwrap();
+    /// assert_eq!(rule.as_str(), "write_file(docs/**)");
+    /// assert_eq!(
+    ///     Rule::parse("write_file(docs/**").unwrap_err().to_string(),
+    ///     r#"invalid permission rule "write_file(docs/**": the pattern is not closed with `)`"#
+    /// );
+    /// ```
+    pub fn parse(text: &str) -> Result<Rule, RuleError> {
+        let invalid = |reason: &str| RuleError { rule: text.to_string(), reason: reason.to_string() };
+        let (tool, pattern) = match text.split_once('(') {
+            None => (text, None),
+            Some((tool, rest)) => {
+                let pattern =
+                    rest.strip_suffix(')').ok_or_else(|| invalid("the pattern is not closed with `)`"))?;
+                if pattern.is_empty() {
+                    return Err(invalid(
+                        "the pattern in `()` is empty; write the tool alone to match every call",
+                    ));
+                }
+                (tool, Some(pattern))
+            }
+        };
+        if tool.is_empty() {
+            return Err(invalid("a rule starts with a tool name, as in `Tool` or `Tool(pattern)`"));
+        }
+        if !tool.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-' || b == b'*') {
+            return Err(invalid(
+                "a tool name holds only letters, digits, `_`, `-`, and `*` for any run of them",
+            ));
+        }
+        let compile = |glob: &str| {
+            GlobBuilder::new(glob)
+                .literal_separator(false)
+                .backslash_escape(true)
+                .build()
+                .map(|glob| glob.compile_matcher())
+                .map_err(|error| invalid(&error.kind().to_string()))
+        };
+        Ok(Rule { text: text.to_string(), tool: compile(tool)?, subject: pattern.map(compile).transpose()? })
+    }
+
+    /// The rule as written.
+    pub fn as_str(&self) -> &str {
+        &self.text
+    }
+
+    /// Whether the rule has a pattern, so that it covers only some calls.
+    pub fn has_pattern(&self) -> bool {
+        self.subject.is_some()
+    }
+
+    /// Whether the rule names this tool, by its name or one of its aliases.
+    pub fn names(&self, spec: &ToolSpec) -> bool {
+        self.tool.is_match(&spec.name) || spec.aliases.iter().any(|alias| self.tool.is_match(alias))
+    }
+
+    /// The matcher, for the pool filter and the call check alike.
+    fn matches(&self, spec: &ToolSpec, subject: Subject<'_>, behavior: Behavior) -> bool {
+        if !self.names(spec) {
+            return false;
+        }
+        match (&self.subject, subject) {
+            (None, _) => true,
+            (Some(_), Subject::EveryCall) => false,
+            (Some(pattern), Subject::Known(subject)) => pattern.is_match(subject),
+            // A pattern cannot be ruled out for a call that says nothing
+            // about what it touches: the safe side is to apply a deny or an
+            // ask, and not an allow.
+            (Some(_), Subject::Unknown) => behavior != Behavior::Allow,
+        }
+    }
+}
+
+impl fmt::Debug for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Rule").field(&self.text).finish()
+    }
+}
+
+impl fmt::Display for Rule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.text)
+    }
+}
+
+impl PartialEq for Rule {
+    fn eq(&self, other: &Self) -> bool {
+        self.text == other.text
+    }
+}
+
+impl std::str::FromStr for Rule {
+    type Err = RuleError;
+
+    fn from_str(text: &str) -> Result<Self, Self::Err> {
+        Rule::parse(text)
+    }
+}
+
+impl<'de> Deserialize<'de> for Rule {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        Rule::parse(&text).map_err(serde::de::Error::custom)
+    }
+}
+
+/// What a rule is matched against.
+#[derive(Clone, Copy, Debug)]
+enum Subject<'a> {
+    /// Every call of the tool, whatever its input: the pool filter.
+    EveryCall,
+    /// One call whose tool gave this subject.
+    Known(&'a str),
+    /// One call whose tool gave no subject.
+    Unknown,
+}
+
+/// The host's answer from its rules alone.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum RuleDecision<'a> {
+    /// A rule matched.
+    Rule {
+        /// The list it came from.
+        behavior: Behavior,
+        /// The rule.
+        rule: &'a Rule,
+    },
+    /// No rule matched; the configured default applies.
+    Default(Behavior),
+}
+
+impl RuleDecision<'_> {
+    /// What the decision says.
+    pub fn behavior(&self) -> Behavior {
+        match *self {
+            RuleDecision::Rule { behavior, .. } | RuleDecision::Default(behavior) => behavior,
+        }
+    }
+}
+
+/// A call waiting for a person's approval.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApprovalRequest {
+    /// The tool's name.
+    pub tool: String,
+    /// The input the call would run with.
+    pub input: Value,
+    /// The tool's permission subject for that input, if it gave one.
+    pub subject: Option<String>,
+    /// Why approval is needed: the tool's message, the rule that asks, or
+    /// the default. Never empty.
+    pub reasons: Vec<String>,
+}
+
+/// A person's answer.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Approval {
+    /// Run the call.
+    Allow,
+    /// Refuse it, optionally saying why or what to do instead; the model
+    /// reads this.
+    Deny(Option<String>),
+}
+
+/// Asks a person whether a call may run. The embedding agent supplies one
+/// (a dialog, a chat message, a terminal prompt); calls of a concurrent run
+/// may ask at the same time, so an implementation that can show only one
+/// question at a time must queue them.
+#[async_trait]
+pub trait Prompter: Send + Sync {
+    /// Ask about one call.
+    async fn ask(&self, request: &ApprovalRequest) -> Approval;
+}
+
+/// A call about to run, as the permission check sees it.
+pub struct PendingCall<'a> {
+    /// The tool.
+    pub spec: &'a ToolSpec,
+    /// The input it would run with (after any update by the tool's check).
+    pub input: &'a Value,
+    /// The tool's permission subject for that input; `None` when it gave
+    /// none, or when [`Permissions::wants_subject`] said no.
+    pub subject: Option<String>,
+    /// The tool's own `ask` message, when its check asked.
+    pub tool_asks: Option<String>,
+}
+
+/// The host's permission rules, its default, its mode, and who to ask.
+#[derive(Clone, Default)]
+pub struct Permissions {
+    config: PermissionsConfig,
+    prompter: Option<Arc<dyn Prompter>>,
+}
+
+impl fmt::Debug for Permissions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Permissions")
+            .field("config", &self.config)
+            .field("prompter", &self.prompter.as_ref().map(|_| "..."))
+            .finish()
+    }
+}
+
+impl Permissions {
+    /// The rules of `config`, with no one to ask: an `ask` is a denial.
+    pub fn new(config: PermissionsConfig) -> Self {
+        Permissions { config, prompter: None }
+    }
+
+    /// Send `ask` decisions to `prompter`.
+    pub fn with_prompter(mut self, prompter: Arc<dyn Prompter>) -> Self {
+        self.prompter = Some(prompter);
+        self
+    }
+
+    /// The configuration the rules came from.
+    pub fn config(&self) -> &PermissionsConfig {
+        &self.config
+    }
+
+    /// Which tools are offered at all.
+    pub fn mode(&self) -> Mode {
+        self.config.mode
+    }
+
+    /// The `deny` rule that covers every call of this tool, if any: such a
+    /// tool is left out of the pool.
+    pub fn blanket_deny(&self, spec: &ToolSpec) -> Option<&Rule> {
+        self.config.deny.iter().find(|rule| rule.matches(spec, Subject::EveryCall, Behavior::Deny))
+    }
+
+    /// Whether a call of this tool must say its permission subject: a rule
+    /// about the tool has a pattern, or a person may be asked about the call
+    /// (the prompter shows the subject). Otherwise the host does not ask the
+    /// tool for it, which saves a guest call per call.
+    pub fn wants_subject(&self, spec: &ToolSpec, tool_asks: bool) -> bool {
+        let pattern =
+            self.lists().any(|(_, rules)| rules.iter().any(|rule| rule.has_pattern() && rule.names(spec)));
+        let may_ask = tool_asks
+            || self.config.default == Behavior::Ask
+            || self.config.ask.iter().any(|rule| rule.names(spec));
+        pattern || (self.prompter.is_some() && may_ask)
+    }
+
+    /// The rules' answer for one call of `spec` whose permission subject is
+    /// `subject`: the first matching `deny` rule, else `ask`, else `allow`,
+    /// else the default.
+    pub fn rule_decision(&self, spec: &ToolSpec, subject: Option<&str>) -> RuleDecision<'_> {
+        let subject = subject.map_or(Subject::Unknown, Subject::Known);
+        for (behavior, rules) in self.lists() {
+            if let Some(rule) = rules.iter().find(|rule| rule.matches(spec, subject, behavior)) {
+                return RuleDecision::Rule { behavior, rule };
+            }
+        }
+        RuleDecision::Default(self.config.default)
+    }
+
+    /// Decide one call whose tool allowed it or asked: `Ok` to run it, or
+    /// the message of its error result. The stricter of the tool's answer
+    /// and the rules' wins; an `ask` goes to the prompter.
+    pub async fn authorize(&self, call: PendingCall<'_>) -> Result<(), String> {
+        let name = &call.spec.name;
+        let decision = self.rule_decision(call.spec, call.subject.as_deref());
+        let tool_behavior = if call.tool_asks.is_some() { Behavior::Ask } else { Behavior::Allow };
+        match decision.behavior().max(tool_behavior) {
+            Behavior::Allow => Ok(()),
+            Behavior::Deny => Err(match decision {
+                RuleDecision::Rule { rule, .. } if rule.has_pattern() && call.subject.is_none() => format!(
+                    "Permission to use {name} denied: the rule `{rule}` forbids it, and the tool does not \
+                     say what this call touches"
+                ),
+                RuleDecision::Rule { rule, .. } => {
+                    format!("Permission to use {name} denied: the rule `{rule}` forbids it")
+                }
+                RuleDecision::Default(_) => {
+                    format!("Permission to use {name} denied: no permission rule allows it")
+                }
+            }),
+            Behavior::Ask => {
+                let mut reasons: Vec<String> = call.tool_asks.into_iter().collect();
+                match decision {
+                    RuleDecision::Rule { behavior: Behavior::Ask, rule } => {
+                        reasons.push(format!("the rule `{rule}` asks for approval"));
+                    }
+                    RuleDecision::Default(Behavior::Ask) => {
+                        reasons.push("no permission rule allows it".into())
+                    }
+                    _ => {}
+                }
+                let Some(prompter) = &self.prompter else {
+                    return Err(format!(
+                        "{name} requires approval, and no one can be asked in this run: {}",
+                        reasons.join("; ")
+                    ));
+                };
+                let request = ApprovalRequest {
+                    tool: name.clone(),
+                    input: call.input.clone(),
+                    subject: call.subject,
+                    reasons,
+                };
+                match prompter.ask(&request).await {
+                    Approval::Allow => Ok(()),
+                    Approval::Deny(None) => Err(format!("Permission to use {name} denied by the user")),
+                    Approval::Deny(Some(why)) => {
+                        Err(format!("Permission to use {name} denied by the user: {why}"))
+                    }
+                }
+            }
+        }
+    }
+
+    /// The rule lists, strictest first.
+    fn lists(&self) -> impl Iterator<Item = (Behavior, &[Rule])> {
+        [
+            (Behavior::Deny, self.config.deny.as_slice()),
+            (Behavior::Ask, self.config.ask.as_slice()),
+            (Behavior::Allow, self.config.allow.as_slice()),
+        ]
+        .into_iter()
+    }
+}
+
+/// Asks on the terminal: the question on stderr, `y` or `yes` on stdin
+/// allows, anything else refuses. Questions of concurrent calls wait their
+/// turn.
+#[derive(Debug, Default)]
+pub struct TerminalPrompter {
+    turn: tokio::sync::Mutex<()>,
+}
+
+impl TerminalPrompter {
+    /// A prompter when both stdin and stderr are terminals, else `None`: a
+    /// run with no one at the keyboard denies what needs approval.
+    pub fn if_interactive() -> Option<Self> {
+        (std::io::stdin().is_terminal() && std::io::stderr().is_terminal()).then(TerminalPrompter::default)
+    }
+}
+
+#[async_trait]
+impl Prompter for TerminalPrompter {
+    async fn ask(&self, request: &ApprovalRequest) -> Approval {
+        let _turn = self.turn.lock().await;
+        let on = request
+            .subject
+            .as_ref()
+            .map_or_else(|| format!(" with {}", request.input), |s| format!(" on {s}"));
+        let question = format!("\nAllow {}{on}? ({}) [y/N] ", request.tool, request.reasons.join("; "));
+        // If the batch is interrupted meanwhile, the read goes on until the
+        // next line is typed; the answer is then dropped.
+        let answer = tokio::task::spawn_blocking(move || {
+            let mut stderr = std::io::stderr().lock();
+            stderr.write_all(question.as_bytes()).and_then(|()| stderr.flush()).ok()?;
+            let mut line = String::new();
+            std::io::stdin().lock().read_line(&mut line).ok()?;
+            Some(line)
+        })
+        .await;
+        match answer {
+            Ok(Some(line)) if matches!(line.trim().to_lowercase().as_str(), "y" | "yes") => Approval::Allow,
+            _ => Approval::Deny(None),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::tool::{InterruptBehavior, ResultSize, ToolOrigin};
+
+    fn spec(name: &str, aliases: &[&str]) -> ToolSpec {
+        ToolSpec {
+            name: name.into(),
+            aliases: aliases.iter().map(|alias| alias.to_string()).collect(),
+            description: String::new(),
+            prompt: String::new(),
+            input_schema: json!({ "type": "object" }),
+            output_schema: None,
+            search_hint: None,
+            should_defer: false,
+            always_load: false,
+            strict: false,
+            interrupt: InterruptBehavior::Block,
+            user_facing_name: name.into(),
+            enabled: true,
+            max_result_size: ResultSize::Chars(50_000),
+            requires_user_interaction: false,
+            origin: ToolOrigin::BuiltIn,
+            trusted: true,
+        }
+    }
+
+    fn rules(toml_text: &str) -> Permissions {
+        #[derive(Deserialize)]
+        struct Wrapper {
+            permissions: PermissionsConfig,
+        }
+        let wrapper: Wrapper = toml::from_str(toml_text).unwrap();
+        Permissions::new(wrapper.permissions)
+    }
+
+    fn rule(text: &str) -> Rule {
+        Rule::parse(text).unwrap()
+    }
+
+    fn call_matches(rule: &Rule, tool: &ToolSpec, subject: Option<&str>, behavior: Behavior) -> bool {
+        rule.matches(tool, subject.map_or(Subject::Unknown, Subject::Known), behavior)
+    }
+
+    #[test]
+    fn a_bare_rule_matches_every_call_of_the_tool_and_its_aliases() {
+        let write = spec("write_file", &["create_file"]);
+        for text in ["write_file", "create_file", "write_*", "*"] {
+            let rule = rule(text);
+            assert!(rule.matches(&write, Subject::EveryCall, Behavior::Deny), "{text}");
+            assert!(call_matches(&rule, &write, Some("a.txt"), Behavior::Allow), "{text}");
+            assert!(call_matches(&rule, &write, None, Behavior::Allow), "{text}");
+        }
+        assert!(!rule("write").matches(&write, Subject::EveryCall, Behavior::Deny));
+        assert!(!rule("grep").matches(&write, Subject::EveryCall, Behavior::Deny));
+    }
+
+    #[test]
+    fn a_pattern_is_a_glob_over_the_subject_where_star_crosses_slashes() {
+        let write = spec("write_file", &[]);
+        let docs = rule("write_file(docs/**)");
+        assert!(call_matches(&docs, &write, Some("docs/a.md"), Behavior::Allow));
+        assert!(call_matches(&docs, &write, Some("docs/deep/er/a.md"), Behavior::Allow));
+        assert!(!call_matches(&docs, &write, Some("src/docs/a.md"), Behavior::Allow));
+        assert!(!call_matches(&docs, &write, Some("docs"), Behavior::Allow));
+        let locks = rule("write_file(**/*.lock)");
+        assert!(call_matches(&locks, &write, Some("Cargo.lock"), Behavior::Deny));
+        assert!(call_matches(&locks, &write, Some("a/b/yarn.lock"), Behavior::Deny));
+        assert!(!call_matches(&locks, &write, Some("Cargo.lock.md"), Behavior::Deny));
+        let shell = rule("Shell(git *)");
+        assert!(call_matches(&shell, &spec("Shell", &[]), Some("git log -- src/a b/c"), Behavior::Allow));
+        assert!(!call_matches(&shell, &spec("Shell", &[]), Some("gitk"), Behavior::Allow));
+        assert!(call_matches(&rule("grep(src/?.rs)"), &spec("grep", &[]), Some("src/a.rs"), Behavior::Allow));
+        assert!(call_matches(&rule("grep({a,b}/*)"), &spec("grep", &[]), Some("b/x"), Behavior::Allow));
+        assert!(call_matches(&rule(r"grep(a\*)"), &spec("grep", &[]), Some("a*"), Behavior::Allow));
+        assert!(!call_matches(&rule(r"grep(a\*)"), &spec("grep", &[]), Some("ab"), Behavior::Allow));
+    }
+
+    #[test]
+    fn a_pattern_rule_never_covers_every_call() {
+        let write = spec("write_file", &[]);
+        assert!(!rule("write_file(**)").matches(&write, Subject::EveryCall, Behavior::Deny));
+    }
+
+    #[test]
+    fn without_a_subject_a_pattern_applies_to_deny_and_ask_but_not_allow() {
+        let grep = spec("grep", &[]);
+        let secret = rule("grep(secret/**)");
+        assert!(call_matches(&secret, &grep, None, Behavior::Deny));
+        assert!(call_matches(&secret, &grep, None, Behavior::Ask));
+        assert!(!call_matches(&secret, &grep, None, Behavior::Allow));
+    }
+
+    #[test]
+    fn namespace_is_the_part_before_the_first_double_underscore() {
+        assert_eq!(namespace("acme__search"), Some("acme"));
+        assert_eq!(namespace("acme__db__query"), Some("acme"));
+        assert_eq!(namespace("acme_search"), None);
+        assert_eq!(namespace("__hidden"), None);
+        let acme = rule("acme__*");
+        assert!(acme.matches(&spec("acme__search", &[]), Subject::EveryCall, Behavior::Deny));
+        assert!(!acme.matches(&spec("acme_search", &[]), Subject::EveryCall, Behavior::Deny));
+        assert!(!acme.matches(&spec("acmecorp__search", &[]), Subject::EveryCall, Behavior::Deny));
+    }
+
+    #[test]
+    fn malformed_rules_are_refused_with_the_reason() {
+        let error = |text: &str| Rule::parse(text).unwrap_err().to_string();
+        assert_eq!(
+            error(""),
+            r#"invalid permission rule "": a rule starts with a tool name, as in `Tool` or `Tool(pattern)`"#
+        );
+        assert_eq!(
+            error("(x)"),
+            r#"invalid permission rule "(x)": a rule starts with a tool name, as in `Tool` or `Tool(pattern)`"#
+        );
+        assert_eq!(
+            error("grep(x"),
+            r#"invalid permission rule "grep(x": the pattern is not closed with `)`"#
+        );
+        assert_eq!(
+            error("grep()"),
+            r#"invalid permission rule "grep()": the pattern in `()` is empty; write the tool alone to match every call"#
+        );
+        assert_eq!(
+            error("my tool"),
+            r#"invalid permission rule "my tool": a tool name holds only letters, digits, `_`, `-`, and `*` for any run of them"#
+        );
+        assert_eq!(
+            error("grep([a)"),
+            r#"invalid permission rule "grep([a)": unclosed character class; missing ']'"#
+        );
+    }
+
+    #[test]
+    fn deny_beats_ask_beats_allow_whatever_the_order_of_the_lists() {
+        let permissions = rules(
+            r#"[permissions]
+            allow = ["write_file(docs/**)", "write_file"]
+            ask = ["write_file(docs/drafts/**)"]
+            deny = ["write_file(**/*.lock)"]
+            "#,
+        );
+        let write = spec("write_file", &[]);
+        let decide = |subject| {
+            let decision = permissions.rule_decision(&write, Some(subject));
+            let RuleDecision::Rule { behavior, rule } = decision else { panic!("{decision:?}") };
+            (behavior, rule.as_str().to_string())
+        };
+        assert_eq!(decide("docs/a.md"), (Behavior::Allow, "write_file(docs/**)".into()));
+        assert_eq!(decide("docs/drafts/a.md"), (Behavior::Ask, "write_file(docs/drafts/**)".into()));
+        assert_eq!(decide("docs/Cargo.lock"), (Behavior::Deny, "write_file(**/*.lock)".into()));
+        assert_eq!(decide("src/a.rs"), (Behavior::Allow, "write_file".into()));
+        assert_eq!(
+            permissions.rule_decision(&spec("grep", &[]), None),
+            RuleDecision::Default(Behavior::Allow)
+        );
+    }
+
+    #[test]
+    fn only_a_deny_rule_without_a_pattern_removes_a_tool() {
+        let permissions = rules(
+            r#"[permissions]
+            deny = ["write_file(**/*.lock)", "acme__*"]
+            ask = ["grep"]
+            "#,
+        );
+        assert_eq!(permissions.blanket_deny(&spec("acme__fetch", &[])).map(Rule::as_str), Some("acme__*"));
+        assert_eq!(permissions.blanket_deny(&spec("write_file", &[])), None);
+        assert_eq!(permissions.blanket_deny(&spec("grep", &[])), None);
+    }
+
+    #[test]
+    fn the_subject_is_wanted_for_a_pattern_rule_or_a_possible_prompt() {
+        let permissions =
+            rules("[permissions]\nallow = [\"write_file(docs/**)\", \"grep\"]\nask = [\"hash\"]\n");
+        assert!(permissions.wants_subject(&spec("write_file", &[]), false));
+        assert!(!permissions.wants_subject(&spec("grep", &[]), false));
+        assert!(!permissions.wants_subject(&spec("hash", &[]), true), "no one to show it to");
+        let prompted = permissions.with_prompter(Arc::new(Answer(Approval::Allow, Default::default())));
+        assert!(prompted.wants_subject(&spec("hash", &[]), false), "an ask rule names it");
+        assert!(prompted.wants_subject(&spec("grep", &[]), true), "the tool asks");
+        assert!(!prompted.wants_subject(&spec("grep", &[]), false));
+    }
+
+    #[test]
+    fn the_config_names_the_bad_rule_and_its_line() {
+        let error = crate::config::Config::parse(
+            "[permissions]\nallow = [\"grep\",\n  \"write_file(docs/**\"]\n",
+            std::path::Path::new("keel.toml"),
+        )
+        .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            r#"invalid config keel.toml: invalid permission rule "write_file(docs/**": the pattern is not closed with `)` (line 2, column 9)"#
+        );
+        let error = crate::config::Config::parse(
+            "[permissions]\ndefault = \"maybe\"\n",
+            std::path::Path::new("k.toml"),
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(
+            error.starts_with(
+                "invalid config k.toml: unknown variant `maybe`, expected one of `allow`, `ask`, `deny`"
+            ),
+            "{error}"
+        );
+    }
+
+    struct Answer(Approval, std::sync::Mutex<Vec<ApprovalRequest>>);
+
+    #[async_trait]
+    impl Prompter for Answer {
+        async fn ask(&self, request: &ApprovalRequest) -> Approval {
+            self.1.lock().unwrap().push(request.clone());
+            self.0.clone()
+        }
+    }
+
+    fn authorize(
+        permissions: &Permissions,
+        tool: &ToolSpec,
+        subject: Option<&str>,
+        tool_asks: Option<&str>,
+    ) -> Result<(), String> {
+        let input = json!({ "file_path": subject });
+        let call = PendingCall {
+            spec: tool,
+            input: &input,
+            subject: subject.map(str::to_string),
+            tool_asks: tool_asks.map(str::to_string),
+        };
+        tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(permissions.authorize(call))
+    }
+
+    #[test]
+    fn the_stricter_of_the_tool_and_the_rules_wins() {
+        let permissions = rules(
+            r#"[permissions]
+            allow = ["write_file(docs/**)"]
+            deny = ["write_file(**/*.lock)"]
+            "#,
+        );
+        let write = spec("write_file", &[]);
+        assert_eq!(authorize(&permissions, &write, Some("docs/a.md"), None), Ok(()));
+        assert_eq!(
+            authorize(&permissions, &write, Some("src/a.rs"), None),
+            Ok(()),
+            "no rule: the default allows"
+        );
+        assert_eq!(
+            authorize(&permissions, &write, Some("docs/a.md"), Some("overwrite 3 files?")),
+            Err("write_file requires approval, and no one can be asked in this run: overwrite 3 files?"
+                .into()),
+            "an allow rule does not silence the tool's own ask"
+        );
+        assert_eq!(
+            authorize(&permissions, &write, Some("docs/Cargo.lock"), Some("overwrite?")),
+            Err("Permission to use write_file denied: the rule `write_file(**/*.lock)` forbids it".into())
+        );
+        assert_eq!(
+            authorize(&permissions, &write, None, None),
+            Err("Permission to use write_file denied: the rule `write_file(**/*.lock)` forbids it, and the tool \
+                 does not say what this call touches"
+                .into())
+        );
+    }
+
+    #[test]
+    fn the_default_decides_calls_no_rule_matches() {
+        let write = spec("write_file", &[]);
+        let ask = rules("[permissions]\ndefault = \"ask\"\nallow = [\"write_file(docs/**)\"]\n");
+        assert_eq!(authorize(&ask, &write, Some("docs/a"), None), Ok(()));
+        assert_eq!(
+            authorize(&ask, &write, Some("src/a"), None),
+            Err("write_file requires approval, and no one can be asked in this run: no permission rule allows it".into())
+        );
+        assert_eq!(
+            authorize(&ask, &write, Some("src/a"), Some("really?")),
+            Err("write_file requires approval, and no one can be asked in this run: really?; no permission rule \
+                 allows it"
+                .into())
+        );
+        let deny = rules("[permissions]\ndefault = \"deny\"\nallow = [\"write_file(docs/**)\"]\n");
+        assert_eq!(authorize(&deny, &write, Some("docs/a"), None), Ok(()));
+        assert_eq!(
+            authorize(&deny, &write, Some("src/a"), None),
+            Err("Permission to use write_file denied: no permission rule allows it".into())
+        );
+    }
+
+    #[test]
+    fn an_ask_goes_to_the_prompter_with_every_reason() {
+        let write = spec("write_file", &[]);
+        let config = rules("[permissions]\nask = [\"write_file(docs/**)\"]\n").config().clone();
+        let yes = Arc::new(Answer(Approval::Allow, Default::default()));
+        let permissions = Permissions::new(config.clone()).with_prompter(yes.clone());
+        assert_eq!(authorize(&permissions, &write, Some("docs/a.md"), Some("sure?")), Ok(()));
+        assert_eq!(
+            *yes.1.lock().unwrap(),
+            [ApprovalRequest {
+                tool: "write_file".into(),
+                input: json!({ "file_path": "docs/a.md" }),
+                subject: Some("docs/a.md".into()),
+                reasons: vec!["sure?".into(), "the rule `write_file(docs/**)` asks for approval".into()],
+            }]
+        );
+        assert_eq!(authorize(&permissions, &write, Some("src/a.rs"), None), Ok(()));
+        assert_eq!(yes.1.lock().unwrap().len(), 1, "an allowed call asks no one");
+
+        let no = Arc::new(Answer(Approval::Deny(None), Default::default()));
+        let permissions = Permissions::new(config.clone()).with_prompter(no);
+        assert_eq!(
+            authorize(&permissions, &write, Some("docs/a.md"), None),
+            Err("Permission to use write_file denied by the user".into())
+        );
+        let no = Arc::new(Answer(Approval::Deny(Some("write to notes/ instead".into())), Default::default()));
+        let permissions = Permissions::new(config).with_prompter(no);
+        assert_eq!(
+            authorize(&permissions, &write, Some("docs/a.md"), None),
+            Err("Permission to use write_file denied by the user: write to notes/ instead".into())
+        );
+    }
+}
