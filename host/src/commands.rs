@@ -1,4 +1,5 @@
 //! One module per subcommand.
 
+pub mod list;
 pub mod run;
 pub mod test;

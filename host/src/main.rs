@@ -20,6 +20,8 @@ enum Command {
     Run(commands::run::RunArgs),
     /// Run golden batch fixtures and compare their output byte for byte.
     Test(commands::test::TestArgs),
+    /// Print the tool definitions exactly as an agent sends them to a model.
+    List(commands::list::ListArgs),
 }
 
 fn main() -> ExitCode {
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => commands::run::run(&args),
         Command::Test(args) => commands::test::run(&args),
+        Command::List(args) => commands::list::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,6 +10,7 @@ use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use keel_host::batch::{parse_batch, user_message};
 use keel_host::config::Config;
+use keel_host::permissions::TerminalPrompter;
 use keel_host::{BatchRun, Event, Host, HostBuilder};
 
 /// Arguments of `keel run`.
@@ -58,7 +59,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let uses = parse_batch(&text, &origin)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let host = args.host.builder()?.build().await?;
+        let mut builder = args.host.builder()?;
+        // With someone at the keyboard a call that needs approval is asked
+        // about; without, it is denied saying so.
+        if let Some(prompter) = TerminalPrompter::if_interactive() {
+            builder = builder.prompter(std::sync::Arc::new(prompter));
+        }
+        let host = builder.build().await?;
         let mut run = host.start_batch(uses, keel_host::context::initial());
         let interrupter = run.interrupter();
         tokio::spawn(async move {
