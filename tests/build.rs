@@ -13,6 +13,7 @@ const TEST_GUESTS: &[(&str, &str)] = &[
     ("keel-tool-sleep", "example-tools/sleep"),
     ("keel-tool-write-file", "example-tools/write_file"),
     ("keel-guest-trap-queries", "tests/guests/trap-queries"),
+    ("keel-guest-probe", "tests/guests/probe"),
     ("keel-guest-hostile", "tests/guests/hostile"),
     ("keel-guest-trap-load", "tests/guests/trap-load"),
 ];

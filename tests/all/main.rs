@@ -5,6 +5,8 @@ mod batch;
 mod budget;
 mod cache;
 mod load;
+mod permissions;
+mod pool;
 mod queries;
 mod scheduler;
 mod soak;

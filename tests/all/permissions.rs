@@ -1,0 +1,392 @@
+//! Validation, then permission, for every call: each step in order with its
+//! exact error text, the host's rules from `keel.toml` on top of the tool's
+//! own check, and the prompter an embedding agent supplies.
+
+use std::io::Write;
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use keel_host::config::Config;
+use keel_host::permissions::{Approval, ApprovalRequest, Prompter};
+use keel_host::{Event, Host, HostBuilder, ToolResult, ToolUse};
+use serde_json::{Value, json};
+
+use crate::{block_on, guest, shared_cache};
+
+/// A host over a fresh workspace with `probe` and `write_file`, configured
+/// by `keel_toml`.
+fn host_with(keel_toml: &str) -> (tempfile::TempDir, HostBuilder) {
+    let workspace = tempfile::tempdir().unwrap();
+    let config = Config::parse(keel_toml, "keel.toml".as_ref()).unwrap();
+    let builder = Host::builder()
+        .workspace(workspace.path())
+        .plugins(guest("keel_guest_probe"))
+        .plugins(guest("keel_tool_write_file"))
+        .cache_dir(Some(shared_cache()))
+        .config(config);
+    (workspace, builder)
+}
+
+fn results(builder: HostBuilder, uses: &[ToolUse]) -> Vec<ToolResult> {
+    let host = block_on(builder.build()).unwrap();
+    block_on(host.run_batch(uses)).results
+}
+
+fn probe(id: &str, input: Value) -> ToolUse {
+    ToolUse::new(id, "probe", input)
+}
+
+#[test]
+fn every_step_fails_with_its_own_message_in_order() {
+    let (_workspace, builder) = host_with("");
+    let batch = [
+        ToolUse::new("name", "porbe", json!({})),
+        probe("schema", json!({ "count": 300 })),
+        probe("unknown_field", json!({ "cuont": 3 })),
+        probe("validate", json!({ "invalid": "`count` must be even", "permission": "deny" })),
+        probe("deny", json!({ "permission": "deny" })),
+        probe("ask", json!({ "permission": "ask" })),
+        probe("ok", json!({ "count": 2 })),
+    ];
+    assert_eq!(
+        results(builder, &batch),
+        [
+            ToolResult::error("name", "No such tool: porbe. Did you mean probe?"),
+            ToolResult::error(
+                "schema",
+                "Invalid input for probe: /count: 300 is greater than the maximum of 255 (rule: maximum)"
+            ),
+            ToolResult::error(
+                "unknown_field",
+                "Invalid input for probe: (root): Additional properties are not allowed ('cuont' was unexpected) \
+                 (rule: additionalProperties)"
+            ),
+            ToolResult::error("validate", "Invalid input for probe: `count` must be even"),
+            ToolResult::error("deny", "Permission to use probe denied: the probe says no"),
+            ToolResult::error(
+                "ask",
+                "probe requires approval, and no one can be asked in this run: the probe wants a yes"
+            ),
+            // No rule has a pattern, so the host never asked for a subject.
+            ToolResult::ok("ok", "count 2; checks: validate-input, check-permissions"),
+        ]
+    );
+}
+
+/// Log lines written while `f` runs on this thread.
+fn logs_of<T>(f: impl FnOnce() -> T) -> (T, String) {
+    #[derive(Clone, Default)]
+    struct Lines(Arc<Mutex<Vec<u8>>>);
+    impl Write for Lines {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .without_time()
+        .with_max_level(tracing::Level::INFO)
+        .finish();
+    let value = tracing::subscriber::with_default(subscriber, f);
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    (value, text)
+}
+
+#[test]
+fn check_permissions_is_not_called_when_validation_fails() {
+    let (_workspace, builder) = host_with("");
+    let host = block_on(builder.build()).unwrap();
+    // One thread, so the guest's log lines reach this thread's subscriber.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let run = |input: Value| logs_of(|| runtime.block_on(host.run_batch(&[probe("p", input)])).results);
+
+    let (refused, logs) = run(json!({ "invalid": "no" }));
+    assert_eq!(refused, [ToolResult::error("p", "Invalid input for probe: no")]);
+    assert_eq!(logs.matches("probe: validate-input").count(), 1, "{logs}");
+    assert_eq!(logs.matches("probe: check-permissions").count(), 0, "{logs}");
+
+    // The same capture sees the permission check when validation passes.
+    let (allowed, logs) = run(json!({}));
+    assert_eq!(allowed, [ToolResult::ok("p", "count none; checks: validate-input, check-permissions")]);
+    assert_eq!(logs.matches("probe: validate-input").count(), 1, "{logs}");
+    assert_eq!(logs.matches("probe: check-permissions").count(), 1, "{logs}");
+}
+
+#[test]
+fn the_checks_are_reported_as_progress_in_the_order_they_ran() {
+    let (_workspace, builder) = host_with("[permissions]\nallow = [\"probe(docs/*)\"]\n");
+    let host = block_on(builder.build()).unwrap();
+    let events = block_on(async {
+        let mut run =
+            host.start_batch(vec![probe("p", json!({ "subject": "docs/a" }))], keel_host::context::initial());
+        let mut events = Vec::new();
+        while let Some(event) = run.next_event().await {
+            events.push(event);
+        }
+        events
+    });
+    let progress: Vec<&Value> = events
+        .iter()
+        .filter_map(|event| match event {
+            Event::Progress { data, .. } => Some(data),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(
+        progress,
+        [&json!({ "checks": ["validate-input", "check-permissions", "permission-subject"] })]
+    );
+}
+
+#[test]
+fn an_input_updated_by_the_tool_is_checked_against_the_schema_again() {
+    let (_workspace, builder) = host_with("");
+    let batch = [
+        probe("valid", json!({ "count": 1, "replace_with": { "count": 9 } })),
+        probe("too_big", json!({ "count": 1, "replace_with": { "count": 999 } })),
+        probe("not_an_object", json!({ "replace_with": [1] })),
+    ];
+    assert_eq!(
+        results(builder, &batch),
+        [
+            ToolResult::ok("valid", "count 9; checks: validate-input, check-permissions"),
+            ToolResult::error(
+                "too_big",
+                "Invalid input for probe: /count: 999 is greater than the maximum of 255 (rule: maximum)"
+            ),
+            ToolResult::error(
+                "not_an_object",
+                r#"Invalid input for probe: (root): [1] is not of type "object" (rule: type)"#
+            ),
+        ]
+    );
+}
+
+#[test]
+fn the_rules_judge_the_subject_of_the_updated_input() {
+    let (_workspace, builder) = host_with("[permissions]\ndeny = [\"probe(secret/*)\"]\n");
+    let batch = [
+        probe("swapped", json!({ "subject": "docs/a", "replace_with": { "subject": "secret/key" } })),
+        probe("plain", json!({ "subject": "docs/a" })),
+    ];
+    assert_eq!(
+        results(builder, &batch),
+        [
+            ToolResult::error(
+                "swapped",
+                "Permission to use probe denied: the rule `probe(secret/*)` forbids it"
+            ),
+            ToolResult::ok(
+                "plain",
+                "count none; checks: validate-input, check-permissions, permission-subject"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn pattern_rules_on_write_file_paths() {
+    let (workspace, builder) = host_with(
+        r#"[permissions]
+        allow = ["write_file(docs/**)"]
+        deny = ["write_file(**/*.lock)"]
+        default = "ask"
+        "#,
+    );
+    let write =
+        |id: &str, path: &str| ToolUse::new(id, "write_file", json!({ "file_path": path, "content": "x" }));
+    let batch = [
+        write("docs", "docs/guide/intro.md"),
+        write("docs_lock", "docs/Cargo.lock"),
+        write("root_lock", "Cargo.lock"),
+        write("src", "src/main.rs"),
+    ];
+    assert_eq!(
+        results(builder, &batch),
+        [
+            ToolResult::ok("docs", "Wrote 1 byte to docs/guide/intro.md"),
+            ToolResult::error(
+                "docs_lock",
+                "Permission to use write_file denied: the rule `write_file(**/*.lock)` forbids it"
+            ),
+            ToolResult::error(
+                "root_lock",
+                "Permission to use write_file denied: the rule `write_file(**/*.lock)` forbids it"
+            ),
+            ToolResult::error(
+                "src",
+                "write_file requires approval, and no one can be asked in this run: no permission rule allows it"
+            ),
+        ]
+    );
+    let written: Vec<_> = walk(workspace.path());
+    assert_eq!(written, ["docs/guide/intro.md"]);
+}
+
+/// The files under `dir`, relative, sorted.
+fn walk(dir: &std::path::Path) -> Vec<String> {
+    let mut files = Vec::new();
+    let mut pending = vec![dir.to_path_buf()];
+    while let Some(next) = pending.pop() {
+        for entry in std::fs::read_dir(next).unwrap() {
+            let path = entry.unwrap().path();
+            if path.is_dir() {
+                pending.push(path);
+            } else {
+                files.push(path.strip_prefix(dir).unwrap().display().to_string());
+            }
+        }
+    }
+    files.sort();
+    files
+}
+
+#[test]
+fn the_stricter_of_the_tool_and_the_rules_wins() {
+    let (_workspace, builder) = host_with(
+        r#"[permissions]
+        allow = ["probe"]
+        ask = ["probe(review/*)"]
+        deny = ["probe(secret/**)"]
+        "#,
+    );
+    let batch = [
+        probe("tool_asks", json!({ "permission": "ask", "subject": "notes/a" })),
+        probe("rule_asks", json!({ "subject": "review/a" })),
+        probe("both_ask", json!({ "permission": "ask", "subject": "review/a" })),
+        probe("tool_asks_rule_denies", json!({ "permission": "ask", "subject": "secret/a" })),
+        probe("no_subject", json!({})),
+        probe("allowed", json!({ "subject": "notes/a" })),
+    ];
+    let ask = "probe requires approval, and no one can be asked in this run: ";
+    assert_eq!(
+        results(builder, &batch),
+        [
+            ToolResult::error("tool_asks", format!("{ask}the probe wants a yes")),
+            ToolResult::error("rule_asks", format!("{ask}the rule `probe(review/*)` asks for approval")),
+            ToolResult::error(
+                "both_ask",
+                format!("{ask}the probe wants a yes; the rule `probe(review/*)` asks for approval")
+            ),
+            ToolResult::error(
+                "tool_asks_rule_denies",
+                "Permission to use probe denied: the rule `probe(secret/**)` forbids it"
+            ),
+            ToolResult::error(
+                "no_subject",
+                "Permission to use probe denied: the rule `probe(secret/**)` forbids it, and the tool does not say \
+                 what this call touches"
+            ),
+            ToolResult::ok(
+                "allowed",
+                "count none; checks: validate-input, check-permissions, permission-subject"
+            ),
+        ]
+    );
+}
+
+#[test]
+fn the_default_deny_refuses_what_no_rule_allows() {
+    let (_workspace, builder) = host_with("[permissions]\ndefault = \"deny\"\nallow = [\"probe\"]\n");
+    let batch =
+        [probe("p", json!({})), ToolUse::new("w", "write_file", json!({ "file_path": "a", "content": "" }))];
+    assert_eq!(
+        results(builder, &batch),
+        [
+            ToolResult::ok("p", "count none; checks: validate-input, check-permissions"),
+            ToolResult::error("w", "Permission to use write_file denied: no permission rule allows it"),
+        ]
+    );
+}
+
+/// Approves calls whose subject starts with `ok/`, refuses others with
+/// advice, and remembers what it was asked.
+#[derive(Default)]
+struct Reviewer(Mutex<Vec<ApprovalRequest>>);
+
+#[async_trait]
+impl Prompter for Reviewer {
+    async fn ask(&self, request: &ApprovalRequest) -> Approval {
+        self.0.lock().unwrap().push(request.clone());
+        match request.subject.as_deref() {
+            Some(subject) if subject.starts_with("ok/") => Approval::Allow,
+            _ => Approval::Deny(Some("write under ok/ instead".into())),
+        }
+    }
+}
+
+#[test]
+fn an_ask_goes_to_the_prompter_and_its_answer_decides() {
+    let (workspace, builder) = host_with("[permissions]\nask = [\"write_file\"]\n");
+    let reviewer = Arc::new(Reviewer::default());
+    let batch = [
+        ToolUse::new("yes", "write_file", json!({ "file_path": "ok/a.txt", "content": "a" })),
+        ToolUse::new("no", "write_file", json!({ "file_path": "b.txt", "content": "b" })),
+        probe("untouched", json!({})),
+    ];
+    assert_eq!(
+        results(builder.prompter(reviewer.clone()), &batch),
+        [
+            ToolResult::ok("yes", "Wrote 1 byte to ok/a.txt"),
+            ToolResult::error(
+                "no",
+                "Permission to use write_file denied by the user: write under ok/ instead"
+            ),
+            ToolResult::ok("untouched", "count none; checks: validate-input, check-permissions"),
+        ]
+    );
+    assert_eq!(walk(workspace.path()), ["ok/a.txt"]);
+    let asked = reviewer.0.lock().unwrap().clone();
+    assert_eq!(
+        asked,
+        [
+            ApprovalRequest {
+                tool: "write_file".into(),
+                input: json!({ "file_path": "ok/a.txt", "content": "a" }),
+                subject: Some("ok/a.txt".into()),
+                reasons: vec!["the rule `write_file` asks for approval".into()],
+            },
+            ApprovalRequest {
+                tool: "write_file".into(),
+                input: json!({ "file_path": "b.txt", "content": "b" }),
+                subject: Some("b.txt".into()),
+                reasons: vec!["the rule `write_file` asks for approval".into()],
+            },
+        ]
+    );
+}
+
+/// Never answers.
+struct Silent;
+
+#[async_trait]
+impl Prompter for Silent {
+    async fn ask(&self, _request: &ApprovalRequest) -> Approval {
+        std::future::pending().await
+    }
+}
+
+#[test]
+fn a_call_interrupted_while_waiting_for_approval_never_starts() {
+    let (workspace, builder) = host_with("[permissions]\ndefault = \"ask\"\n");
+    let host = block_on(builder.prompter(Arc::new(Silent)).build()).unwrap();
+    let outcome = block_on(async {
+        let write = ToolUse::new("w", "write_file", json!({ "file_path": "a.txt", "content": "a" }));
+        let mut run = host.start_batch(vec![write], keel_host::context::initial());
+        while let Some(event) = run.next_event().await {
+            if matches!(event, Event::CallStarted { .. }) {
+                run.interrupter().interrupt();
+            }
+        }
+        run.finish().await
+    });
+    assert_eq!(outcome.results, [ToolResult::error("w", "Interrupted: the call was not started.")]);
+    assert_eq!(walk(workspace.path()), [] as [String; 0]);
+}
