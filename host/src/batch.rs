@@ -1,12 +1,14 @@
 //! Batches in and results out: `tool_use` blocks as an agent hands them over,
 //! and the user message of `tool_result` blocks that goes back.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
 use serde::Serialize;
+use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
+use crate::limits::{LimitKind, Limits, human_bytes};
 
 /// One `tool_use` block of a model turn.
 #[derive(Clone, Debug, PartialEq)]
@@ -70,64 +72,104 @@ pub fn user_message(results: &[ToolResult]) -> Value {
 
 /// Read a batch: a JSON array of `tool_use` blocks, or an assistant message
 /// whose `content` holds them (other blocks, such as text, are skipped).
-/// `origin` names the source in errors.
+/// `origin` names the source in errors. Inputs larger than the default
+/// [`Limits::input`] fail their call; see [`parse_batch_with_limit`].
 pub fn parse_batch(text: &str, origin: &str) -> Result<Vec<ToolUse>> {
+    parse_batch_with_limit(text, origin, Limits::default().input)
+}
+
+/// [`parse_batch_with_limit`] for bytes as read from a file: bytes that are
+/// not UTF-8 are refused with the offset of the first bad one.
+pub fn parse_batch_bytes(bytes: &[u8], origin: &str, max_input: usize) -> Result<Vec<ToolUse>> {
+    let text = std::str::from_utf8(bytes).map_err(|error| Error::Batch {
+        origin: origin.to_string(),
+        reason: format!("not UTF-8 text: invalid byte at offset {}", error.valid_up_to()),
+    })?;
+    parse_batch_with_limit(text, origin, max_input)
+}
+
+/// [`parse_batch`] with a cap on each input: an input of more than
+/// `max_input` bytes of JSON text is measured, not parsed, and fails its own
+/// call with an error naming its block, its size and the limit; the other
+/// calls of the batch are read as usual. Nesting deeper than 128 levels
+/// fails the same way (serde_json's recursion limit).
+pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Result<Vec<ToolUse>> {
     let fail = |reason: String| Error::Batch { origin: origin.to_string(), reason };
-    let value: Value =
-        serde_json::from_str(text).map_err(|error| fail(format!("not valid JSON: {error}")))?;
-    let (blocks, from_message) = match &value {
-        Value::Array(blocks) => (blocks, false),
-        Value::Object(message) => {
-            if let Some(role) = message.get("role").and_then(Value::as_str)
+    let not_json = |error: serde_json::Error| fail(format!("not valid JSON: {error}"));
+    let (blocks, from_message): (Vec<&RawValue>, bool) = match text.trim_start().as_bytes().first() {
+        Some(b'[') => (serde_json::from_str(text).map_err(not_json)?, false),
+        Some(b'{') => {
+            let message: HashMap<String, &RawValue> = serde_json::from_str(text).map_err(not_json)?;
+            if let Some(role) = message.get("role").map(|raw| parse_value(raw))
+                && let Ok(Value::String(role)) = &role
                 && role != "assistant"
             {
                 return Err(fail(format!(
                     "the message has role `{role}`; tool_use blocks come from `assistant`"
                 )));
             }
-            match message.get("content") {
-                Some(Value::Array(blocks)) => (blocks, true),
+            match message.get("content").map(|raw| serde_json::from_str::<Vec<&RawValue>>(raw.get())) {
+                Some(Ok(blocks)) => (blocks, true),
                 _ => return Err(fail("the message has no `content` array".into())),
             }
         }
-        _ => return Err(fail("expected an array of tool_use blocks or an assistant message".into())),
+        _ => {
+            serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(not_json)?;
+            return Err(fail("expected an array of tool_use blocks or an assistant message".into()));
+        }
     };
     let mut uses = Vec::new();
     let mut seen = HashSet::new();
     for (index, block) in blocks.iter().enumerate() {
         let at = |reason: &str| fail(format!("content[{index}]: {reason}"));
-        let Value::Object(block) = block else {
+        let Ok(block) = serde_json::from_str::<HashMap<String, &RawValue>>(block.get()) else {
             return Err(at("expected a JSON object"));
         };
-        match block.get("type").and_then(Value::as_str) {
-            Some("tool_use") => {}
+        let field = |name: &str| block.get(name).map(|raw| parse_value(raw).unwrap_or(Value::Null));
+        match field("type") {
+            Some(Value::String(kind)) if kind == "tool_use" => {}
             None if !from_message => {}
-            Some(_) | None if from_message => continue,
-            Some(other) => return Err(at(&format!("expected a tool_use block, found type `{other}`"))),
+            _ if from_message => continue,
+            Some(Value::String(other)) => {
+                return Err(at(&format!("expected a tool_use block, found type `{other}`")));
+            }
+            Some(_) => return Err(at("`type` must be a string")),
             None => unreachable!("covered above"),
         }
-        let id = match block.get("id") {
-            Some(Value::String(id)) if !id.is_empty() => id.clone(),
+        let id = match field("id") {
+            Some(Value::String(id)) if !id.is_empty() => id,
             _ => return Err(at("`id` must be a non-empty string")),
         };
         if !seen.insert(id.clone()) {
             return Err(at(&format!("duplicate tool_use id `{id}`")));
         }
-        let name = match block.get("name") {
-            Some(Value::String(name)) => name.clone(),
+        let name = match field("name") {
+            Some(Value::String(name)) => name,
             _ => return Err(at("`name` must be a string")),
         };
         let input = match block.get("input") {
             None => Ok(json!({})),
-            // Some agents pass the input as the model's raw JSON text.
-            Some(Value::String(raw)) => {
-                serde_json::from_str(raw).map_err(|error| format!("the input is not valid JSON: {error}"))
-            }
-            Some(input) => Ok(input.clone()),
+            Some(raw) if raw.get().len() > max_input => Err(format!(
+                "{} of {} exceeded: the input of content[{index}] is {} bytes",
+                LimitKind::Input,
+                human_bytes(max_input),
+                raw.get().len()
+            )),
+            Some(raw) => match parse_value(raw) {
+                // Some agents pass the input as the model's raw JSON text.
+                Ok(Value::String(text)) => serde_json::from_str(&text)
+                    .map_err(|error| format!("the input is not valid JSON: {error}")),
+                Ok(input) => Ok(input),
+                Err(error) => Err(format!("the input is not valid JSON: {error}")),
+            },
         };
         uses.push(ToolUse { id, name, input });
     }
     Ok(uses)
+}
+
+fn parse_value(raw: &RawValue) -> serde_json::Result<Value> {
+    serde_json::from_str(raw.get())
 }
 
 #[cfg(test)]

@@ -168,7 +168,9 @@ impl Grants {
                 }
                 match env(name) {
                     Some(value) => vars.push((name.clone(), value)),
-                    None => tracing::debug!(plugins = %pattern, "granted variable {name} is not set; left out"),
+                    None => {
+                        tracing::debug!(plugins = %pattern, "granted variable {name} is not set; left out")
+                    }
                 }
             }
             let grant = PluginGrant {
@@ -181,6 +183,11 @@ impl Grants {
             sections.push((pattern.clone(), grant));
         }
         Ok(Grants { workspace: workspace.to_path_buf(), sections })
+    }
+
+    /// The workspace the grants were resolved for.
+    pub fn workspace(&self) -> &Path {
+        &self.workspace
     }
 
     /// The grant of the tool called `name`.
@@ -339,7 +346,9 @@ mod tests {
             "invalid grant [plugins.\"t\"]: mount \"/a/../b\" must be an absolute path such as \"/reference\""
         );
         assert_eq!(
-            error("[t]\ndirs = [{ path = \"/tmp\", mount = \"/r\" }, { path = \"/tmp\", mount = \"/r/s\" }]\n"),
+            error(
+                "[t]\ndirs = [{ path = \"/tmp\", mount = \"/r\" }, { path = \"/tmp\", mount = \"/r/s\" }]\n"
+            ),
             "invalid grant [plugins.\"t\"]: mount \"/r/s\" overlaps mount \"/r\""
         );
         assert_eq!(

@@ -3,9 +3,6 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use cap_std::ambient_authority;
-use cap_std::fs::Dir;
-
 use crate::batch::ToolUse;
 use crate::events::Event;
 use crate::builtin;
@@ -13,6 +10,7 @@ use crate::config::Config;
 use crate::context;
 use crate::engine::{Runtime, default_cache_dir};
 use crate::error::{Error, Result};
+use crate::grants::Grants;
 use crate::limits::Limits;
 use crate::plugin::{LoadReport, PluginTool, plugin_files};
 use crate::permissions::{Permissions, Prompter};
@@ -103,18 +101,19 @@ impl HostBuilder {
             workspace.canonicalize().map_err(|error| Error::io("open workspace", &workspace, error))?;
         let limits = self.config.limits.apply(self.limits);
         let runtime = Arc::new(Runtime::new(&limits, self.cache_dir)?);
+        let grants = Grants::from_config(&self.config.plugins, &workspace)?;
 
         let mut builtins: Vec<Arc<dyn Tool>> = self.native;
         if self.builtins {
-            let dir = Dir::open_ambient_dir(&workspace, ambient_authority())
+            let read = builtin::Read::with_grant(&grants.for_tool("Read"))
                 .map_err(|error| Error::io("open workspace", &workspace, error))?;
-            builtins.push(Arc::new(builtin::Read::new(dir)));
+            builtins.push(Arc::new(read));
         }
         let mut plugins: Vec<Arc<dyn Tool>> = Vec::new();
         let mut reports = Vec::new();
         for path in &self.plugin_paths {
             for file in plugin_files(path)? {
-                let plugin = PluginTool::load(&runtime, &file, &workspace, &limits).await?;
+                let plugin = PluginTool::load_with_grants(&runtime, &file, &grants, &limits).await?;
                 reports.push((plugin.spec().name.clone(), plugin.load_report().clone()));
                 plugins.push(Arc::new(plugin));
             }
@@ -130,7 +129,7 @@ impl HostBuilder {
         }
         let options = RunOptions {
             cap: scheduler::max_tool_use_concurrency(self.config.max_tool_use_concurrency),
-            batch_fuel: None,
+            batch_fuel: Some(limits.batch_fuel),
         };
         Ok(Host { runtime, pool: Arc::new(pool), workspace, warnings, reports, options })
     }

@@ -9,7 +9,7 @@ use serde::Serialize;
 
 /// The limits every plugin call runs under. Each default says why it has its
 /// value; all of them can be changed with [`crate::HostBuilder::limits`].
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Limits {
     /// Fuel (roughly, WASM instructions) one call may burn, its per-input
     /// questions included. 10¹⁰ is a few seconds of pure compute: ample for a

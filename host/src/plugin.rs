@@ -11,42 +11,64 @@ use wasmtime::component::types::ComponentItem;
 use crate::bindings::{self, CONTRACT_VERSION, GUEST_INTERFACE, ToolPre};
 use crate::engine::{Runtime, root_cause};
 use crate::error::{Error, Result};
-use crate::limits::Limits;
-use crate::sandbox::{Grant, QUERY_DEADLINE, QUERY_FUEL, Sandbox, SandboxState};
+use crate::grants::{Grants, PluginGrant};
+use crate::limits::{BatchFuel, LimitKind, Limits, units};
+use crate::sandbox::{FuelLimit, Grant, QUERY_DEADLINE, QUERY_FUEL, Sandbox, SandboxState, export_timer};
 use crate::tool::{
     CallContext, CallError, CallOutput, InterruptBehavior, Invocation, PermissionDecision, ResultSize, Tool,
     ToolOrigin, ToolSpec,
 };
 
-/// Ask one question of the guest in the current sandbox, creating it when
-/// there is none. A trap, a limit or a timeout logs a warning naming the
-/// plugin, discards the sandbox (a trapped instance is never entered again),
-/// and gives `$fallback`.
+/// Call one export of the guest as a question: in the current sandbox of
+/// `$questions` (a fresh one when there is none), with a query's fuel and
+/// deadline drawn from its meter. Gives `Result<answer, CallError>`; the
+/// sandbox is kept for the next question only when the answer came back, so
+/// a trapped instance is never entered again.
+macro_rules! query {
+    ($questions:expr, |$guest:ident, $store:ident| $call:expr) => {{
+        let questions: &mut Questions<'_> = &mut $questions;
+        let limits: &Limits = &questions.shared.limits;
+        match questions.take_live().await {
+            Err(error) => Err(error),
+            Ok(mut sandbox) => {
+                let answer = match questions.meter.reserve(Some(QUERY_FUEL)) {
+                    Err(error) => Err(error),
+                    Ok(reserved) => match sandbox.budget(reserved.fuel, reserved.limit, QUERY_DEADLINE) {
+                        Err(error) => Err(error),
+                        Ok(()) => {
+                            let outcome = {
+                                let $guest = sandbox.tool.keel_tool_guest();
+                                let $store = &mut sandbox.store;
+                                tokio::time::timeout(export_timer(QUERY_DEADLINE), $call).await
+                            };
+                            questions.meter.settle(&reserved, sandbox.fuel_left());
+                            match outcome {
+                                Ok(Ok(answer)) => Ok(answer),
+                                Ok(Err(error)) => Err(sandbox.classify(&error, limits)),
+                                Err(_elapsed) => Err(sandbox.deadline_error()),
+                            }
+                        }
+                    },
+                };
+                if answer.is_ok() {
+                    questions.sandbox = Some(sandbox);
+                }
+                answer
+            }
+        }
+    }};
+}
+
+/// Ask one question of the guest (see [`query!`]). A trap, a limit or a
+/// timeout logs a warning naming the plugin and gives `$fallback`.
 macro_rules! ask {
     ($questions:expr, $export:literal, $fallback:expr, |$guest:ident, $store:ident| $call:expr) => {{
-        let questions = &mut $questions;
-        let shared: &Shared = questions.shared;
-        let answer = match questions.live().await {
-            Ok(sandbox) => {
-                let $guest = sandbox.tool.keel_tool_guest();
-                let $store = &mut sandbox.store;
-                let limit = QUERY_DEADLINE + crate::engine::EPOCH_TICK * 10;
-                match tokio::time::timeout(limit, $call).await {
-                    Ok(Ok(answer)) => Ok(answer),
-                    Ok(Err(error)) => Err(sandbox.classify(&error, &shared.limits, QUERY_FUEL)),
-                    Err(_) => Err(CallError::Limit {
-                        kind: crate::limits::LimitKind::Deadline,
-                        value: format!("{QUERY_DEADLINE:?}"),
-                    }),
-                }
-            }
-            Err(error) => Err(error),
-        };
-        match answer {
+        let questions: &mut Questions<'_> = &mut $questions;
+        match query!(*questions, |$guest, $store| $call) {
             Ok(answer) => answer,
             Err(error) => {
-                tracing::warn!(plugin = %shared.name, "`{}` failed, using the conservative answer: {error}", $export);
-                questions.sandbox = None;
+                let plugin = &questions.shared.name;
+                tracing::warn!(%plugin, "`{}` failed, using the conservative answer: {error}", $export);
                 $fallback
             }
         }
@@ -82,13 +104,25 @@ struct Shared {
     pre: ToolPre<SandboxState>,
     name: Arc<str>,
     limits: Limits,
-    workspace: PathBuf,
+    grant: PluginGrant,
 }
 
 impl PluginTool {
-    /// Load the component at `path`: check it, compile it (or take it from
-    /// the cache), and read its metadata once.
+    /// Load the component at `path` with the default grant (the workspace
+    /// and nothing else): check it, compile it (or take it from the cache),
+    /// and read its metadata once.
     pub async fn load(runtime: &Runtime, path: &Path, workspace: &Path, limits: &Limits) -> Result<Self> {
+        PluginTool::load_with_grants(runtime, path, &Grants::none(workspace), limits).await
+    }
+
+    /// [`PluginTool::load`], granting the plugin what `grants` give its tool
+    /// name.
+    pub async fn load_with_grants(
+        runtime: &Runtime,
+        path: &Path,
+        grants: &Grants,
+        limits: &Limits,
+    ) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|error| Error::io("read", path, error))?;
         check_header(path, &bytes)?;
         let compiled = runtime.compile(path, &bytes)?;
@@ -105,11 +139,11 @@ impl PluginTool {
         let mut shared = Shared {
             pre,
             name: file_name.into(),
-            limits: limits.clone(),
-            workspace: workspace.to_path_buf(),
+            limits: *limits,
+            // Until its name is known, the plugin gets nothing that depends on it.
+            grant: PluginGrant::workspace_only(grants.workspace()),
         };
-        let spec = read_spec(&mut shared, path).await?;
-        shared.name = spec.name.as_str().into();
+        let spec = read_spec(&mut shared, path, grants).await?;
         let report = LoadReport {
             from_cache: compiled.from_cache,
             compile_time: compiled.time,
@@ -167,20 +201,20 @@ fn check_contract(runtime: &Runtime, path: &Path, component: &wasmtime::componen
     ))
 }
 
-/// Read the input-independent facts of the tool, once, in fresh instances:
-/// a trap in `metadata` fails the load, a trap elsewhere gives the fallback.
-async fn read_spec(shared: &mut Shared, path: &Path) -> Result<ToolSpec> {
-    let mut questions = Questions::new(shared, Grant::Nothing);
-    let metadata = match questions.live().await {
-        Ok(sandbox) => {
-            let result = sandbox.tool.keel_tool_guest().call_metadata(&mut sandbox.store).await;
-            result.map_err(|error| sandbox.classify(&error, &shared.limits, QUERY_FUEL))
-        }
-        Err(error) => Err(error),
-    }
-    .map_err(|error| Error::plugin(path, format!("`metadata` failed: {error}")))?;
-    questions.sandbox = None;
-
+/// Read the input-independent facts of the tool, once, in fresh instances
+/// with no filesystem: a trap in `metadata` fails the load, a trap elsewhere
+/// gives the fallback (for `is-enabled`, false: the tool is left out).
+async fn read_spec(shared: &mut Shared, path: &Path, grants: &Grants) -> Result<ToolSpec> {
+    let mut meter = Meter::unmetered();
+    let mut questions = Questions::new(shared, Grant::Nothing, &mut meter);
+    let metadata = query!(questions, |guest, store| guest.call_metadata(store))
+        .map_err(|error| Error::plugin(path, format!("`metadata` failed: {error}")))?;
+    drop(questions);
+    // The grant follows the tool's name, known only now; the questions below
+    // see the plugin's environment but still no directory.
+    shared.name = metadata.name.as_str().into();
+    shared.grant = grants.for_tool(&metadata.name);
+    let mut questions = Questions::new(shared, Grant::Nothing, &mut meter);
     let enabled = ask!(questions, "is-enabled", false, |guest, store| guest.call_is_enabled(store));
     let max_result_size =
         ask!(questions, "max-result-size", Some(DEFAULT_MAX_RESULT_SIZE_CHARS), |guest, store| {
@@ -189,7 +223,10 @@ async fn read_spec(shared: &mut Shared, path: &Path) -> Result<ToolSpec> {
     let requires_user_interaction = ask!(questions, "requires-user-interaction", false, |guest, store| {
         guest.call_requires_user_interaction(store)
     });
-    spec_from_metadata(path, metadata, enabled, max_result_size, requires_user_interaction)
+    let trusted = shared.grant.trusted;
+    let mut spec = spec_from_metadata(path, metadata, enabled, max_result_size, requires_user_interaction)?;
+    spec.trusted = trusted;
+    Ok(spec)
 }
 
 fn spec_from_metadata(
@@ -242,27 +279,108 @@ fn spec_from_metadata(
     })
 }
 
+/// Where one invocation's fuel comes from: its own per-call budget, which
+/// its questions draw on too, and, once shared, the allowance of its batch.
+/// Fuel is reserved before each export call and what it left unburnt is
+/// given back after, so the batch allowance counts only fuel burnt.
+struct Meter {
+    per_call: u64,
+    left: u64,
+    batch: Option<BatchFuel>,
+}
+
+/// Fuel reserved for one export call, and the limit that bounded it.
+struct Reserved {
+    fuel: u64,
+    limit: FuelLimit,
+}
+
+impl Meter {
+    fn new(per_call: u64) -> Self {
+        Meter { per_call, left: per_call, batch: None }
+    }
+
+    /// For questions outside any call (at load, `inputs-equivalent`): each
+    /// gets a query's fuel.
+    fn unmetered() -> Self {
+        Meter::new(u64::MAX)
+    }
+
+    /// Reserve fuel for one export call: what the call has left, at most
+    /// `cap`, at most what the batch has left.
+    fn reserve(&mut self, cap: Option<u64>) -> Result<Reserved, CallError> {
+        let mut limit = FuelLimit { kind: LimitKind::Fuel, fuel: self.per_call };
+        let mut want = self.left;
+        if let Some(cap) = cap
+            && cap < want
+        {
+            want = cap;
+            limit = FuelLimit { kind: LimitKind::Fuel, fuel: cap };
+        }
+        if want == 0 {
+            return Err(CallError::Limit { kind: LimitKind::Fuel, value: units(self.per_call) });
+        }
+        let fuel = match &self.batch {
+            None => want,
+            Some(batch) => {
+                let fuel = batch.take(want);
+                if fuel == 0 {
+                    return Err(CallError::Limit { kind: LimitKind::BatchFuel, value: units(batch.total()) });
+                }
+                if fuel < want {
+                    limit = FuelLimit { kind: LimitKind::BatchFuel, fuel: batch.total() };
+                }
+                fuel
+            }
+        };
+        self.left -= fuel;
+        Ok(Reserved { fuel, limit })
+    }
+
+    /// Give back what an export call left of `reserved`.
+    fn settle(&mut self, reserved: &Reserved, unburnt: u64) {
+        let unburnt = unburnt.min(reserved.fuel);
+        self.left += unburnt;
+        if let Some(batch) = &self.batch {
+            batch.give_back(unburnt);
+        }
+    }
+}
+
 /// A sandbox for asking questions, replaced whenever one traps.
 struct Questions<'a> {
     shared: &'a Shared,
     grant: Grant,
     sandbox: Option<Sandbox>,
+    meter: &'a mut Meter,
 }
 
 impl<'a> Questions<'a> {
-    fn new(shared: &'a Shared, grant: Grant) -> Self {
-        Questions { shared, grant, sandbox: None }
+    fn new(shared: &'a Shared, grant: Grant, meter: &'a mut Meter) -> Self {
+        Questions { shared, grant, sandbox: None, meter }
     }
 
-    async fn live(&mut self) -> Result<&mut Sandbox, CallError> {
-        if self.sandbox.is_none() {
-            let shared = self.shared;
-            let sandbox =
-                Sandbox::new(&shared.pre, shared.name.clone(), &shared.limits, &shared.workspace, self.grant)
-                    .await?;
-            self.sandbox = Some(sandbox);
+    /// The live sandbox, taken out; a fresh one when there is none, its
+    /// instantiation paid from the meter.
+    async fn take_live(&mut self) -> Result<Sandbox, CallError> {
+        if let Some(sandbox) = self.sandbox.take() {
+            return Ok(sandbox);
         }
-        Ok(self.sandbox.as_mut().expect("just created"))
+        let shared = self.shared;
+        let reserved = self.meter.reserve(Some(QUERY_FUEL))?;
+        let sandbox = Sandbox::new(
+            &shared.pre,
+            shared.name.clone(),
+            &shared.limits,
+            &shared.grant,
+            self.grant,
+            (reserved.fuel, reserved.limit),
+        )
+        .await;
+        // A component that failed to instantiate is counted as having burnt
+        // all it was given: rare, and never in the guest's favour.
+        self.meter.settle(&reserved, sandbox.as_ref().map_or(0, Sandbox::fuel_left));
+        sandbox
     }
 }
 
@@ -279,11 +397,13 @@ impl Tool for PluginTool {
             input,
             read_only: None,
             sandbox: None,
+            meter: Meter::new(self.shared.limits.fuel),
         }))
     }
 
     async fn inputs_equivalent(&self, a: &Value, b: &Value) -> bool {
-        let mut questions = Questions::new(&self.shared, Grant::Nothing);
+        let mut meter = Meter::unmetered();
+        let mut questions = Questions::new(&self.shared, Grant::Nothing, &mut meter);
         let (a, b) = (a.to_string(), b.to_string());
         let fallback = a == b;
         ask!(questions, "inputs-equivalent", fallback, |guest, store| guest
@@ -300,24 +420,26 @@ struct PluginInvocation {
     input_text: String,
     read_only: Option<bool>,
     sandbox: Option<Sandbox>,
+    meter: Meter,
 }
 
 impl PluginInvocation {
     /// The call's grant follows its `is-read-only` answer; asking it first, in
-    /// a sandbox with no filesystem, means no guest code has seen the
-    /// workspace before the grant is fixed.
+    /// a sandbox with no filesystem, means no guest code has seen a directory
+    /// before the grant is fixed.
     async fn decide_grant(&mut self) -> bool {
         if let Some(read_only) = self.read_only {
             return read_only;
         }
+        let shared = &*self.shared;
         let mut questions =
-            Questions { shared: &self.shared, grant: Grant::Nothing, sandbox: self.sandbox.take() };
+            Questions { shared, grant: Grant::Nothing, sandbox: self.sandbox.take(), meter: &mut self.meter };
         let input = &self.input_text;
         let read_only =
             ask!(questions, "is-read-only", false, |guest, store| guest.call_is_read_only(store, input));
         let grant = if read_only { Grant::ReadOnly } else { Grant::ReadWrite };
-        self.sandbox = match questions.sandbox {
-            Some(mut sandbox) => match sandbox.regrant(&self.shared.workspace, grant) {
+        self.sandbox = match questions.sandbox.take() {
+            Some(mut sandbox) => match sandbox.regrant(&shared.grant, grant) {
                 Ok(()) => Some(sandbox),
                 Err(_) => None,
             },
@@ -333,25 +455,50 @@ impl PluginInvocation {
             _ => Grant::ReadWrite,
         }
     }
-
-    fn questions(&mut self) -> Questions<'_> {
-        Questions { shared: &self.shared, grant: self.grant(), sandbox: self.sandbox.take() }
-    }
 }
 
 /// Ask a per-input question: decide the grant first, then ask in the
 /// invocation's sandbox, keeping it for the next question unless it trapped.
-macro_rules! ask_input {
-    ($self:ident, $export:literal, $fallback:expr, |$guest:ident, $store:ident, $input:ident| $call:expr) => {{
+/// Gives `Result<answer, CallError>`, having logged a warning on `Err`.
+macro_rules! query_input {
+    ($self:ident, $export:literal, |$guest:ident, $store:ident, $input:ident| $call:expr) => {{
         $self.decide_grant().await;
-        let input = $self.input_text.clone();
-        let mut questions = $self.questions();
-        let $input = input.as_str();
-        let answer = ask!(questions, $export, $fallback, |$guest, $store| $call);
-        let sandbox = questions.sandbox.take();
-        $self.sandbox = sandbox;
+        let grant = $self.grant();
+        let mut questions = Questions {
+            shared: &$self.shared,
+            grant,
+            sandbox: $self.sandbox.take(),
+            meter: &mut $self.meter,
+        };
+        let $input = $self.input_text.as_str();
+        let answer = query!(questions, |$guest, $store| $call);
+        $self.sandbox = questions.sandbox.take();
+        if let Err(error) = &answer {
+            let plugin = &$self.shared.name;
+            tracing::warn!(%plugin, "`{}` failed, using the conservative answer: {error}", $export);
+        }
         answer
     }};
+}
+
+/// [`query_input!`], answering `$fallback` when the question failed.
+macro_rules! ask_input {
+    ($self:ident, $export:literal, $fallback:expr, |$guest:ident, $store:ident, $input:ident| $call:expr) => {{
+        match query_input!($self, $export, |$guest, $store, $input| $call) {
+            Ok(answer) => answer,
+            Err(_) => $fallback,
+        }
+    }};
+}
+
+/// Why a question that failed refused the call: the batch's spent fuel
+/// allowance is worth naming (every later call of the batch meets it too);
+/// anything else is the tool's own failure.
+fn refusal(what: &str, error: &CallError) -> String {
+    match error {
+        CallError::Limit { kind: LimitKind::BatchFuel, .. } => format!("{what} could not run: {error}"),
+        _ => format!("{what} failed; the call was refused"),
+    }
 }
 
 #[async_trait]
@@ -373,6 +520,10 @@ impl Invocation for PluginInvocation {
         self.sandbox = None;
     }
 
+    fn share_batch_fuel(&mut self, fuel: BatchFuel) {
+        self.meter.batch = Some(fuel);
+    }
+
     async fn is_concurrency_safe(&mut self) -> bool {
         ask_input!(self, "is-concurrency-safe", false, |g, s, i| g.call_is_concurrency_safe(s, i))
     }
@@ -382,16 +533,15 @@ impl Invocation for PluginInvocation {
     }
 
     async fn validate_input(&mut self) -> Result<(), String> {
-        let trapped = Err("the tool's input check failed; the call was refused".to_string());
-        ask_input!(self, "validate-input", trapped, |g, s, i| g.call_validate_input(s, i))
+        query_input!(self, "validate-input", |g, s, i| g.call_validate_input(s, i))
+            .unwrap_or_else(|error| Err(refusal("the tool's input check", &error)))
     }
 
     async fn check_permissions(&mut self) -> PermissionDecision {
-        let trapped = bindings::PermissionDecision::Deny(
-            "the tool's permission check failed; the call was refused".into(),
-        );
-        let decision =
-            ask_input!(self, "check-permissions", trapped, |g, s, i| g.call_check_permissions(s, i));
+        let decision = query_input!(self, "check-permissions", |g, s, i| g.call_check_permissions(s, i))
+            .unwrap_or_else(|error| {
+                bindings::PermissionDecision::Deny(refusal("the tool's permission check", &error))
+            });
         match decision {
             bindings::PermissionDecision::Allow(None) => PermissionDecision::Allow(None),
             bindings::PermissionDecision::Allow(Some(text)) => match serde_json::from_str(&text) {
@@ -427,31 +577,31 @@ impl Invocation for PluginInvocation {
 
     async fn call(mut self: Box<Self>, cx: CallContext) -> Result<CallOutput, CallError> {
         self.decide_grant().await;
-        let shared = self.shared.clone();
+        let this = &mut *self;
+        let shared = this.shared.clone();
         let limits = &shared.limits;
-        let mut sandbox = match self.sandbox.take() {
-            Some(sandbox) => sandbox,
-            None => {
-                Sandbox::new(&shared.pre, shared.name.clone(), limits, &shared.workspace, self.grant())
-                    .await?
-            }
+        let mut questions = Questions {
+            shared: &shared,
+            grant: this.grant(),
+            sandbox: this.sandbox.take(),
+            meter: &mut this.meter,
         };
-        sandbox.budget(limits.fuel, limits.deadline)?;
+        let mut sandbox = questions.take_live().await?;
+        let reserved = this.meter.reserve(None)?;
+        sandbox.budget(reserved.fuel, reserved.limit, limits.deadline)?;
         sandbox.report_progress_to(cx.progress.clone());
         let context = cx.context.to_string();
-        // The epoch deadline stops guest code; this timeout also stops a call
+        // The epoch deadline stops guest code; this timer also stops a call
         // blocked in a host function, which the epoch cannot interrupt.
         let outcome = {
             let guest = sandbox.tool.keel_tool_guest();
-            let call = guest.call_call(&mut sandbox.store, &self.input_text, &context);
-            tokio::time::timeout(limits.deadline + crate::engine::EPOCH_TICK * 10, call).await
+            let call = guest.call_call(&mut sandbox.store, &this.input_text, &context);
+            tokio::time::timeout(export_timer(limits.deadline), call).await
         };
+        this.meter.settle(&reserved, sandbox.fuel_left());
         match outcome {
-            Err(_) => Err(CallError::Limit {
-                kind: crate::limits::LimitKind::Deadline,
-                value: format!("{:?}", limits.deadline),
-            }),
-            Ok(Err(error)) => Err(sandbox.classify(&error, limits, limits.fuel)),
+            Err(_elapsed) => Err(sandbox.deadline_error()),
+            Ok(Err(error)) => Err(sandbox.classify(&error, limits)),
             Ok(Ok(Err(message))) => Err(CallError::Tool(message)),
             Ok(Ok(Ok(output))) => {
                 let context_modifier = match output.context_modifier {

@@ -1,30 +1,66 @@
 //! One call's sandbox: a fresh store with its own WASI context, limits and
 //! host imports. Only this module and `engine` touch wasmtime's store types.
+//!
+//! What a sandbox closes, and how:
+//! - CPU: fuel, set before every export call by the caller
+//!   ([`Sandbox::budget`]), and a wall-clock deadline checked on every epoch
+//!   tick; the caller also wraps each export call in a timer, which is what
+//!   stops a guest blocked inside a host call.
+//! - Memory and tables: a [`ResourceLimiter`] refuses growth past the caps
+//!   and remembers which cap it was, so the trap that follows is reported as
+//!   that limit.
+//! - Copies from guest to host: wasmtime's hostcall fuel caps the bytes one
+//!   host call's arguments or one export's result may hold.
+//! - Handles: the WASI resource table and the store's component handles are
+//!   both capped.
+//! - Capabilities: preopens from the plugin's [`PluginGrant`], narrowed by
+//!   the call's [`Grant`]; the granted environment variables and nothing else;
+//!   no arguments, no sockets, no name lookups, no stdin.
+//! - Output: stdout and stderr are captured up to a cap, the rest dropped
+//!   (never failed, so a flood does not crash the guest), and written to the
+//!   host's log tagged with the plugin's name when the sandbox ends.
 
-use std::path::Path;
-use std::sync::Arc;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
-use wasmtime::component::ResourceTable;
+use wasmtime::component::{ResourceTable, ResourceTableError};
 use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
-use wasmtime_wasi::p2::pipe::MemoryOutputPipe;
+use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_io::bytes::Bytes;
 
 use crate::bindings::keel::tool::{host, types};
 use crate::bindings::{LogLevel, Tool as ToolBindings, ToolPre};
-use crate::limits::{LimitKind, Limits};
+use crate::engine::{EPOCH_TICK, root_cause};
+use crate::grants::{Access, PluginGrant};
+use crate::limits::{LimitKind, Limits, human_bytes, units};
 use crate::tool::{CallError, ProgressSink};
 
 /// Where the workspace appears inside the sandbox.
 pub const WORKSPACE_MOUNT: &str = "/workspace";
 
-/// Bytes of a guest's stdout and stderr kept per call; the rest is dropped.
-/// Enough for a panic message and a few diagnostics, never a flood.
-const CAPTURED_OUTPUT_BYTES: usize = 64 << 10;
+/// Bytes of a guest's stdout, and of its stderr, kept per sandbox; the rest
+/// is dropped. Enough for a panic message and a few diagnostics, never a
+/// flood.
+pub const CAPTURED_OUTPUT_BYTES: usize = 64 << 10;
+
+/// Bytes one write to stdout or stderr is promised room for. Writes are
+/// never refused (the excess is dropped instead), so this only sizes the
+/// guest's chunks.
+const WRITE_PERMIT: usize = 64 << 10;
 
 /// Bytes of one progress report or log line kept; longer ones are cut.
 const MAX_REPORT_BYTES: usize = 16 << 10;
+
+/// Bytes of progress reports and log lines, together, accepted from one
+/// sandbox; later ones are dropped with one warning. Progress is for people
+/// watching, and a megabyte of it is already more than anyone reads; without
+/// a cap a guest could flood the host's log for as long as its fuel lasts.
+pub const MAX_REPORTED_BYTES: usize = 1 << 20;
 
 /// A query (a per-input question such as `is-read-only`) must answer within
 /// this much fuel and time: they are meant to be instant, and a query that
@@ -33,15 +69,42 @@ pub const QUERY_FUEL: u64 = 1_000_000_000;
 /// See [`QUERY_FUEL`].
 pub const QUERY_DEADLINE: Duration = Duration::from_secs(2);
 
-/// Filesystem access granted to one sandbox.
+/// How long past its deadline an export call may take before the timer
+/// around it gives up: the epoch callback normally stops guest code first,
+/// within a tick; the timer is for a guest blocked in a host call.
+pub const DEADLINE_GRACE: Duration = Duration::from_millis(100);
+
+/// How much of its plugin's grant one sandbox gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grant {
-    /// No filesystem at all.
+    /// No filesystem at all: for questions asked before `is-read-only` is
+    /// answered.
     Nothing,
-    /// The workspace, read-only.
+    /// Every granted directory, read-only.
     ReadOnly,
-    /// The workspace, read-write.
+    /// Every granted directory with the access the grant gives it.
     ReadWrite,
+}
+
+impl Grant {
+    /// The access to a directory granted `granted`, under this grant.
+    fn narrow(self, granted: Access) -> Option<Access> {
+        match self {
+            Grant::Nothing => None,
+            Grant::ReadOnly => Some(Access::ReadOnly),
+            Grant::ReadWrite => Some(granted),
+        }
+    }
+}
+
+/// Which fuel limit an export call runs under, for the error when it runs
+/// out: the call's own budget, the batch's allowance, or a query's cap.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FuelLimit {
+    /// [`LimitKind::Fuel`] or [`LimitKind::BatchFuel`].
+    pub kind: LimitKind,
+    /// The limit's value.
+    pub fuel: u64,
 }
 
 /// The data of one sandbox's store.
@@ -52,7 +115,11 @@ pub struct SandboxState {
     plugin: Arc<str>,
     progress: Option<ProgressSink>,
     deadline: Instant,
-    stderr: MemoryOutputPipe,
+    deadline_limit: Duration,
+    fuel_limit: FuelLimit,
+    stdout: Capture,
+    stderr: Capture,
+    reported: usize,
 }
 
 impl WasiView for SandboxState {
@@ -65,14 +132,21 @@ impl types::Host for SandboxState {}
 
 impl host::Host for SandboxState {
     async fn progress(&mut self, data: String) {
-        let Some(sink) = &self.progress else { return };
+        if self.progress.is_none() || !self.within_report_budget(data.len()) {
+            return;
+        }
         let data = truncate(data, MAX_REPORT_BYTES);
         // A guest that sends something other than JSON still reports progress.
         let value = serde_json::from_str(&data).unwrap_or(Value::String(data));
-        sink(value);
+        if let Some(sink) = &self.progress {
+            sink(value);
+        }
     }
 
     async fn log(&mut self, level: LogLevel, message: String) {
+        if !self.within_report_budget(message.len()) {
+            return;
+        }
         let message = truncate(message, MAX_REPORT_BYTES);
         let plugin = &*self.plugin;
         match level {
@@ -81,6 +155,45 @@ impl host::Host for SandboxState {
             LogLevel::Info => tracing::info!(plugin, "{message}"),
             LogLevel::Warn => tracing::warn!(plugin, "{message}"),
             LogLevel::Error => tracing::error!(plugin, "{message}"),
+        }
+    }
+}
+
+impl SandboxState {
+    /// Count `len` bytes against [`MAX_REPORTED_BYTES`]; false once spent.
+    fn within_report_budget(&mut self, len: usize) -> bool {
+        let before = self.reported;
+        self.reported = self.reported.saturating_add(len.min(MAX_REPORT_BYTES));
+        if self.reported <= MAX_REPORTED_BYTES {
+            return true;
+        }
+        if before <= MAX_REPORTED_BYTES {
+            tracing::warn!(
+                plugin = &*self.plugin,
+                "dropping further progress and log lines: over {} this call",
+                human_bytes(MAX_REPORTED_BYTES)
+            );
+        }
+        false
+    }
+
+    /// Write what the guest printed to the host's log, tagged with the plugin.
+    fn log_output(&self) {
+        let plugin = &*self.plugin;
+        for (stream, capture) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
+            let (bytes, dropped) = capture.take();
+            if !bytes.is_empty() {
+                let text = String::from_utf8_lossy(&bytes);
+                tracing::info!(plugin, stream, "{}", text.trim_end());
+            }
+            if dropped > 0 {
+                tracing::warn!(
+                    plugin,
+                    stream,
+                    "dropped {dropped} bytes of {stream} past the {} kept",
+                    human_bytes(capture.capacity)
+                );
+            }
         }
     }
 }
@@ -94,6 +207,100 @@ fn truncate(mut text: String, max: usize) -> String {
         text.truncate(end);
     }
     text
+}
+
+/// A guest's stdout or stderr: the first `capacity` bytes are kept, the rest
+/// counted and dropped. Writes always succeed: a guest whose `println!`
+/// failed would panic, and printing too much is no reason to crash a tool.
+#[derive(Clone)]
+pub struct Capture {
+    inner: Arc<Mutex<Captured>>,
+    capacity: usize,
+}
+
+#[derive(Default)]
+struct Captured {
+    bytes: Vec<u8>,
+    dropped: u64,
+}
+
+impl Capture {
+    /// A capture keeping `capacity` bytes.
+    pub fn new(capacity: usize) -> Self {
+        Capture { inner: Arc::default(), capacity }
+    }
+
+    fn push(&self, data: &[u8]) {
+        let mut captured = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let room = self.capacity.saturating_sub(captured.bytes.len());
+        let kept = data.len().min(room);
+        captured.bytes.extend_from_slice(&data[..kept]);
+        captured.dropped += (data.len() - kept) as u64;
+    }
+
+    /// What was kept so far, and how many bytes were dropped.
+    pub fn contents(&self) -> (Vec<u8>, u64) {
+        let captured = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        (captured.bytes.clone(), captured.dropped)
+    }
+
+    /// [`Capture::contents`], emptying the capture.
+    fn take(&self) -> (Vec<u8>, u64) {
+        let mut captured = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let taken = std::mem::take(&mut *captured);
+        (taken.bytes, taken.dropped)
+    }
+}
+
+impl OutputStream for Capture {
+    fn write(&mut self, bytes: Bytes) -> StreamResult<()> {
+        self.push(&bytes);
+        Ok(())
+    }
+
+    fn flush(&mut self) -> StreamResult<()> {
+        Ok(())
+    }
+
+    fn check_write(&mut self) -> StreamResult<usize> {
+        Ok(WRITE_PERMIT)
+    }
+}
+
+#[async_trait::async_trait]
+impl Pollable for Capture {
+    async fn ready(&mut self) {}
+}
+
+impl tokio::io::AsyncWrite for Capture {
+    fn poll_write(self: Pin<&mut Self>, _cx: &mut Context<'_>, buf: &[u8]) -> Poll<std::io::Result<usize>> {
+        self.push(buf);
+        Poll::Ready(Ok(buf.len()))
+    }
+
+    fn poll_flush(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn poll_shutdown(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl IsTerminal for Capture {
+    fn is_terminal(&self) -> bool {
+        false
+    }
+}
+
+impl StdoutStream for Capture {
+    fn p2_stream(&self) -> Box<dyn OutputStream> {
+        Box::new(self.clone())
+    }
+
+    fn async_stream(&self) -> Box<dyn tokio::io::AsyncWrite + Send + Sync> {
+        Box::new(self.clone())
+    }
 }
 
 /// Enforces the memory and table caps and remembers which one was hit, so
@@ -144,6 +351,15 @@ impl std::fmt::Display for DeadlineExceeded {
 
 impl std::error::Error for DeadlineExceeded {}
 
+/// How wasmtime words the error of a guest that handed the host more bytes
+/// than its hostcall fuel allows; the error type itself is private. The
+/// hostile-guest test of the transfer limit pins this wording, so an
+/// upgrade that changes it fails that test instead of misreporting.
+const HOSTCALL_FUEL_EXHAUSTED: &str = "fuel allocated for hostcalls has been exhausted";
+
+/// How wasmtime words the error of a guest past the store's handle limit.
+const HANDLE_LIMIT_EXCEEDED: &str = "store handle limit exceeded";
+
 /// A live instance of a plugin in its own store.
 pub struct Sandbox {
     pub(crate) store: Store<SandboxState>,
@@ -152,28 +368,39 @@ pub struct Sandbox {
 }
 
 impl Sandbox {
-    /// Instantiate `pre` in a fresh store with `grant` over `workspace`.
+    /// Instantiate `pre` in a fresh store for `plugin`, giving it `grant` of
+    /// `capabilities`. Instantiation runs under `fuel` and [`QUERY_DEADLINE`].
     pub async fn new(
         pre: &ToolPre<SandboxState>,
         plugin: Arc<str>,
         limits: &Limits,
-        workspace: &Path,
+        capabilities: &PluginGrant,
         grant: Grant,
+        fuel: (u64, FuelLimit),
     ) -> Result<Self, CallError> {
-        let stderr = MemoryOutputPipe::new(CAPTURED_OUTPUT_BYTES);
-        let wasi = wasi_ctx(workspace, grant, &stderr)?;
+        let stdout = Capture::new(CAPTURED_OUTPUT_BYTES);
+        let stderr = Capture::new(CAPTURED_OUTPUT_BYTES);
+        let wasi = wasi_ctx(capabilities, grant, &stdout, &stderr)?;
+        let mut table = ResourceTable::new();
+        table.set_max_capacity(limits.resources);
         let state = SandboxState {
             wasi,
-            table: ResourceTable::new(),
+            table,
             limiter: CallLimiter { memory: limits.memory, table_elements: limits.table_elements, hit: None },
             plugin,
             progress: None,
             deadline: Instant::now() + QUERY_DEADLINE,
+            deadline_limit: QUERY_DEADLINE,
+            fuel_limit: fuel.1,
+            stdout,
             stderr,
+            reported: 0,
         };
         let mut store = Store::new(pre.engine(), state);
         store.limiter(|state| &mut state.limiter);
-        store.set_fuel(QUERY_FUEL).map_err(|error| CallError::Host(error.to_string()))?;
+        store.set_hostcall_fuel(limits.transfer);
+        store.set_max_component_handles(limits.resources);
+        store.set_fuel(fuel.0).map_err(|error| CallError::Host(root_cause(&error)))?;
         store.set_epoch_deadline(1);
         store.epoch_deadline_callback(|store| {
             if Instant::now() >= store.data().deadline {
@@ -182,10 +409,23 @@ impl Sandbox {
                 Ok(UpdateDeadline::Yield(1))
             }
         });
-        let tool = pre
-            .instantiate_async(&mut store)
-            .await
-            .map_err(|error| classify(&error, store.data(), limits, QUERY_FUEL))?;
+        let instantiated =
+            tokio::time::timeout(QUERY_DEADLINE + DEADLINE_GRACE, pre.instantiate_async(&mut store)).await;
+        let tool = match instantiated {
+            Ok(Ok(tool)) => tool,
+            Ok(Err(error)) => {
+                let error = classify(&error, store.data(), limits);
+                store.data().log_output();
+                return Err(error);
+            }
+            Err(_) => {
+                store.data().log_output();
+                return Err(CallError::Limit {
+                    kind: LimitKind::Deadline,
+                    value: format!("{QUERY_DEADLINE:?}"),
+                });
+            }
+        };
         Ok(Sandbox { store, tool, grant })
     }
 
@@ -195,18 +435,36 @@ impl Sandbox {
     }
 
     /// Replace the filesystem access, before the guest has used any.
-    pub fn regrant(&mut self, workspace: &Path, grant: Grant) -> Result<(), CallError> {
-        let stderr = self.store.data().stderr.clone();
-        self.store.data_mut().wasi = wasi_ctx(workspace, grant, &stderr)?;
+    pub fn regrant(&mut self, capabilities: &PluginGrant, grant: Grant) -> Result<(), CallError> {
+        let state = self.store.data_mut();
+        state.wasi = wasi_ctx(capabilities, grant, &state.stdout, &state.stderr)?;
         self.grant = grant;
         Ok(())
     }
 
-    /// Give the next export call `fuel` and `deadline`.
-    pub fn budget(&mut self, fuel: u64, deadline: Duration) -> Result<(), CallError> {
-        self.store.set_fuel(fuel).map_err(|error| CallError::Host(error.to_string()))?;
-        self.store.data_mut().deadline = Instant::now() + deadline;
+    /// Give the next export call `fuel` (reported as `limit` when it runs
+    /// out) and `deadline`.
+    pub fn budget(&mut self, fuel: u64, limit: FuelLimit, deadline: Duration) -> Result<(), CallError> {
+        self.store.set_fuel(fuel).map_err(|error| CallError::Host(root_cause(&error)))?;
+        let state = self.store.data_mut();
+        state.fuel_limit = limit;
+        state.deadline = Instant::now() + deadline;
+        state.deadline_limit = deadline;
         Ok(())
+    }
+
+    /// The fuel the last export call left unburnt.
+    pub fn fuel_left(&self) -> u64 {
+        self.store.get_fuel().unwrap_or(0)
+    }
+
+    /// The error of an export call that outlived its deadline while blocked
+    /// where the epoch cannot reach (a host call).
+    pub fn deadline_error(&self) -> CallError {
+        CallError::Limit {
+            kind: LimitKind::Deadline,
+            value: format!("{:?}", self.store.data().deadline_limit),
+        }
     }
 
     /// Send the guest's progress reports to `sink`.
@@ -215,63 +473,96 @@ impl Sandbox {
     }
 
     /// Turn a failed export call into the error a model reads.
-    pub fn classify(&self, error: &wasmtime::Error, limits: &Limits, fuel: u64) -> CallError {
-        classify(error, self.store.data(), limits, fuel)
+    pub fn classify(&self, error: &wasmtime::Error, limits: &Limits) -> CallError {
+        classify(error, self.store.data(), limits)
     }
 
-    /// What the guest wrote to stderr, for diagnostics.
+    /// What the guest wrote to stderr and has not yet been logged.
     pub fn stderr(&self) -> String {
-        String::from_utf8_lossy(&self.store.data().stderr.contents()).into_owned()
+        String::from_utf8_lossy(&self.store.data().stderr.contents().0).into_owned()
     }
 }
 
-fn wasi_ctx(workspace: &Path, grant: Grant, stderr: &MemoryOutputPipe) -> Result<WasiCtx, CallError> {
+impl Drop for Sandbox {
+    fn drop(&mut self) {
+        self.store.data().log_output();
+    }
+}
+
+/// The timer around one export call: its deadline plus [`DEADLINE_GRACE`]
+/// plus a tick, so that the epoch (which reports the limit more precisely)
+/// normally fires first.
+pub fn export_timer(deadline: Duration) -> Duration {
+    deadline + DEADLINE_GRACE + EPOCH_TICK
+}
+
+fn wasi_ctx(
+    capabilities: &PluginGrant,
+    grant: Grant,
+    stdout: &Capture,
+    stderr: &Capture,
+) -> Result<WasiCtx, CallError> {
     let mut builder = WasiCtxBuilder::new();
     // Filesystem calls then run on the calling thread instead of hopping to
     // tokio's blocking pool: up to ten times faster for file-reading tools.
     builder.allow_blocking_current_thread(true);
-    builder.stdout(MemoryOutputPipe::new(CAPTURED_OUTPUT_BYTES));
+    builder.stdout(stdout.clone());
     builder.stderr(stderr.clone());
-    let perms = match grant {
-        Grant::Nothing => None,
-        Grant::ReadOnly => Some(FsPerms::ReadOnly),
-        Grant::ReadWrite => Some(FsPerms::ReadWrite),
-    };
-    if let Some(perms) = perms {
-        builder.preopened_dir(workspace, WORKSPACE_MOUNT, perms).map_err(|error| {
-            CallError::Host(format!("failed to open workspace {}: {error}", workspace.display()))
+    // These are wasmtime-wasi's defaults too; said here so that a change of
+    // defaults cannot open them.
+    builder.allow_tcp(false).allow_udp(false).allow_ip_name_lookup(false);
+    for (name, value) in &capabilities.env {
+        builder.env(name, value);
+    }
+    let mounts =
+        std::iter::once((capabilities.workspace.as_path(), WORKSPACE_MOUNT, capabilities.workspace_access))
+            .chain(capabilities.dirs.iter().map(|dir| (dir.host.as_path(), dir.mount.as_str(), dir.access)));
+    for (host, mount, granted) in mounts {
+        let Some(access) = grant.narrow(granted) else { continue };
+        let perms = match access {
+            Access::ReadOnly => FsPerms::ReadOnly,
+            Access::ReadWrite => FsPerms::ReadWrite,
+        };
+        builder.preopened_dir(host, mount, perms).map_err(|error| {
+            CallError::Host(format!("failed to open {} for {mount}: {}", host.display(), root_cause(&error)))
         })?;
     }
     Ok(builder.build())
 }
 
-fn classify(error: &wasmtime::Error, state: &SandboxState, limits: &Limits, fuel: u64) -> CallError {
-    let limit = |kind: LimitKind| {
-        let value = match kind {
-            LimitKind::Fuel => crate::limits::units(fuel),
-            kind => limits.value_of(kind),
-        };
-        CallError::Limit { kind, value }
-    };
+fn classify(error: &wasmtime::Error, state: &SandboxState, limits: &Limits) -> CallError {
+    let limit = |kind: LimitKind| CallError::Limit { kind, value: limits.value_of(kind) };
     if let Some(kind) = state.limiter.hit {
         return limit(kind);
     }
     if error.downcast_ref::<DeadlineExceeded>().is_some() {
-        return limit(LimitKind::Deadline);
+        return CallError::Limit { kind: LimitKind::Deadline, value: format!("{:?}", state.deadline_limit) };
+    }
+    if matches!(error.downcast_ref::<ResourceTableError>(), Some(ResourceTableError::Full))
+        || error.chain().any(|cause| cause.to_string().contains(HANDLE_LIMIT_EXCEEDED))
+    {
+        return limit(LimitKind::Resources);
+    }
+    if error.chain().any(|cause| cause.to_string().contains(HOSTCALL_FUEL_EXHAUSTED)) {
+        return limit(LimitKind::Transfer);
     }
     match error.downcast_ref::<Trap>() {
-        Some(Trap::OutOfFuel) => limit(LimitKind::Fuel),
-        Some(Trap::Interrupt) => limit(LimitKind::Deadline),
+        Some(Trap::OutOfFuel) => {
+            CallError::Limit { kind: state.fuel_limit.kind, value: units(state.fuel_limit.fuel) }
+        }
+        Some(Trap::Interrupt) => {
+            CallError::Limit { kind: LimitKind::Deadline, value: format!("{:?}", state.deadline_limit) }
+        }
         Some(Trap::StackOverflow) => limit(LimitKind::Stack),
         Some(trap) => CallError::Trap(with_panic_message(trap.to_string(), state)),
-        None => CallError::Trap(with_panic_message(format!("{error}"), state)),
+        None => CallError::Trap(with_panic_message(root_cause(error), state)),
     }
 }
 
 /// A Rust guest that panics prints why to stderr before it traps: that line
 /// tells the model far more than "unreachable instruction executed".
 fn with_panic_message(reason: String, state: &SandboxState) -> String {
-    let stderr = state.stderr.contents();
+    let (stderr, _) = state.stderr.contents();
     let stderr = String::from_utf8_lossy(&stderr);
     match stderr.lines().position(|line| line.contains("panicked at")) {
         Some(start) => {
@@ -279,5 +570,32 @@ fn with_panic_message(reason: String, state: &SandboxState) -> String {
             format!("{reason}: {}", panic.join(" "))
         }
         None => reason,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_capture_keeps_its_capacity_and_counts_the_rest() {
+        let capture = Capture::new(10);
+        let mut stream: Box<dyn OutputStream> = capture.p2_stream();
+        assert_eq!(stream.check_write().unwrap(), WRITE_PERMIT);
+        stream.write(Bytes::from_static(b"0123456")).unwrap();
+        stream.write(Bytes::from_static(b"789abc")).unwrap();
+        assert_eq!(stream.check_write().unwrap(), WRITE_PERMIT, "a full capture still accepts writes");
+        stream.write(Bytes::from(vec![b'x'; 1 << 20])).unwrap();
+        assert_eq!(capture.contents(), (b"0123456789".to_vec(), 3 + (1 << 20)));
+        assert_eq!(capture.take(), (b"0123456789".to_vec(), 3 + (1 << 20)));
+        assert_eq!(capture.contents(), (Vec::new(), 0), "taking empties it");
+    }
+
+    #[test]
+    fn a_read_only_grant_narrows_every_directory() {
+        assert_eq!(Grant::ReadOnly.narrow(Access::ReadWrite), Some(Access::ReadOnly));
+        assert_eq!(Grant::ReadWrite.narrow(Access::ReadWrite), Some(Access::ReadWrite));
+        assert_eq!(Grant::ReadWrite.narrow(Access::ReadOnly), Some(Access::ReadOnly));
+        assert_eq!(Grant::Nothing.narrow(Access::ReadWrite), None);
     }
 }

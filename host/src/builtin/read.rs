@@ -5,10 +5,12 @@ use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use cap_std::ambient_authority;
 use cap_std::fs::Dir;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::grants::PluginGrant;
 use crate::sandbox::WORKSPACE_MOUNT;
 use crate::tool::{
     CallContext, CallError, CallOutput, InterruptBehavior, Invocation, ResultSize, Tool, ToolOrigin, ToolSpec,
@@ -29,7 +31,15 @@ pub const MAX_FILE_BYTES: u64 = 64 << 20;
 /// The built-in `Read` tool.
 pub struct Read {
     spec: ToolSpec,
-    workspace: Arc<Dir>,
+    mounts: Arc<Mounts>,
+}
+
+/// The directories `Read` may read, each opened once and named by where a
+/// plugin would see it: the workspace at `/workspace`, then any directory
+/// the config grants `Read`. Every file is opened through one of them, with
+/// cap-std, so neither `..` nor a symlink leads out of it.
+struct Mounts {
+    dirs: Vec<(PathBuf, Dir)>,
 }
 
 #[derive(Deserialize)]
@@ -44,6 +54,22 @@ impl Read {
     /// every file is opened through it and cannot escape it, by `..` or by a
     /// symlink pointing outside.
     pub fn new(workspace: Dir) -> Self {
+        Read::with_mounts(vec![(PathBuf::from(WORKSPACE_MOUNT), workspace)])
+    }
+
+    /// A `Read` held to `grant`, as a plugin would be: the workspace and the
+    /// extra directories it names, all read-only (`Read` never writes). Its
+    /// environment grant is moot: `Read` reads no variables.
+    pub fn with_grant(grant: &PluginGrant) -> std::io::Result<Self> {
+        let open = |path: &Path| Dir::open_ambient_dir(path, ambient_authority());
+        let mut mounts = vec![(PathBuf::from(WORKSPACE_MOUNT), open(&grant.workspace)?)];
+        for dir in &grant.dirs {
+            mounts.push((PathBuf::from(&dir.mount), open(&dir.host)?));
+        }
+        Ok(Read::with_mounts(mounts))
+    }
+
+    fn with_mounts(dirs: Vec<(PathBuf, Dir)>) -> Self {
         let spec = ToolSpec {
             name: "Read".into(),
             aliases: vec![],
@@ -87,7 +113,7 @@ impl Read {
             origin: ToolOrigin::BuiltIn,
             trusted: true,
         };
-        Read { spec, workspace: Arc::new(workspace) }
+        Read { spec, mounts: Arc::new(Mounts { dirs }) }
     }
 }
 
@@ -98,12 +124,12 @@ impl Tool for Read {
     }
 
     async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError> {
-        Ok(Box::new(ReadCall { workspace: self.workspace.clone(), input }))
+        Ok(Box::new(ReadCall { mounts: self.mounts.clone(), input }))
     }
 }
 
 struct ReadCall {
-    workspace: Arc<Dir>,
+    mounts: Arc<Mounts>,
     input: Value,
 }
 
@@ -145,11 +171,14 @@ impl Invocation for ReadCall {
         let input: Input = serde_json::from_value(self.input)
             .map_err(|error| CallError::Tool(format!("invalid input: {error}")))?;
         let cwd = cx.context.get("cwd").and_then(Value::as_str).unwrap_or(WORKSPACE_MOUNT);
-        let relative = workspace_relative(cwd, &input.file_path)
-            .ok_or_else(|| CallError::Tool(format!("{} is outside the workspace", input.file_path)))?;
-        let workspace = self.workspace.clone();
+        let Some((mount, relative)) = self.mounts.locate(cwd, &input.file_path) else {
+            let outside =
+                if self.mounts.dirs.len() > 1 { "the granted directories" } else { "the workspace" };
+            return Err(CallError::Tool(format!("{} is outside {outside}", input.file_path)));
+        };
+        let mounts = self.mounts.clone();
         let shown = input.file_path.clone();
-        let text = tokio::task::spawn_blocking(move || read_text(&workspace, &relative))
+        let text = tokio::task::spawn_blocking(move || read_text(&mounts.dirs[mount].1, &relative))
             .await
             .map_err(|error| CallError::Host(error.to_string()))?
             .map_err(|reason| CallError::Tool(format!("cannot read {shown}: {reason}")))?;
@@ -159,26 +188,28 @@ impl Invocation for ReadCall {
     }
 }
 
-/// The path below the workspace root that `path` names, seen from the
-/// sandbox working directory `cwd`; `None` when it leaves the workspace.
-/// Only lexical: the open through the cap-std directory is what stops a
-/// symlink from leading outside.
-fn workspace_relative(cwd: &str, path: &str) -> Option<PathBuf> {
-    let joined = Path::new(cwd).join(path);
-    let mut parts: Vec<&std::ffi::OsStr> = Vec::new();
-    for part in joined.components() {
-        match part {
-            Component::Normal(name) => parts.push(name),
-            Component::ParentDir => {
-                parts.pop()?;
+impl Mounts {
+    /// Which directory `path` (seen from the sandbox working directory
+    /// `cwd`) is in, and the path below it; `None` when it is in none. Only
+    /// lexical: the open through the cap-std directory is what stops a
+    /// symlink from leading outside.
+    fn locate(&self, cwd: &str, path: &str) -> Option<(usize, PathBuf)> {
+        let joined = Path::new(cwd).join(path);
+        let mut parts: Vec<&std::ffi::OsStr> = Vec::new();
+        for part in joined.components() {
+            match part {
+                Component::Normal(name) => parts.push(name),
+                Component::ParentDir => {
+                    parts.pop()?;
+                }
+                Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
             }
-            Component::RootDir | Component::CurDir | Component::Prefix(_) => {}
         }
-    }
-    let mount = WORKSPACE_MOUNT.trim_start_matches('/');
-    match parts.split_first() {
-        Some((first, rest)) if *first == mount => Some(rest.iter().collect()),
-        _ => None,
+        self.dirs.iter().enumerate().find_map(|(index, (mount, _))| {
+            let mount: Vec<&std::ffi::OsStr> = mount.iter().skip(1).collect();
+            let rest = parts.strip_prefix(mount.as_slice())?;
+            Some((index, rest.iter().collect()))
+        })
     }
 }
 
@@ -235,12 +266,13 @@ fn number_lines(text: &str, offset: usize, limit: usize) -> String {
 
 #[cfg(test)]
 mod tests {
-    use cap_std::ambient_authority;
-
     use super::*;
 
     fn read(dir: &Path, input: Value) -> Result<CallOutput, CallError> {
-        let tool = Read::new(Dir::open_ambient_dir(dir, ambient_authority()).unwrap());
+        run(&Read::new(Dir::open_ambient_dir(dir, ambient_authority()).unwrap()), input)
+    }
+
+    fn run(tool: &Read, input: Value) -> Result<CallOutput, CallError> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
             let call = tool.invoke(input).await.unwrap();
@@ -308,6 +340,42 @@ mod tests {
         assert_eq!(
             read(dir.path(), json!({ "file_path": "sub" })).unwrap_err(),
             CallError::Tool("cannot read sub: it is a directory".into())
+        );
+    }
+
+    #[test]
+    fn granted_directories_are_read_at_their_mounts_and_stay_closed_to_symlinks() {
+        use crate::grants::{Access, DirGrant};
+        let workspace = tempfile::tempdir().unwrap();
+        let reference = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(reference.path().join("ref.txt"), "from the reference\n").unwrap();
+        std::fs::write(outside.path().join("secret"), "s3cret\n").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), reference.path().join("link")).unwrap();
+        let mut grant = PluginGrant::workspace_only(workspace.path());
+        grant.dirs.push(DirGrant {
+            host: reference.path().to_path_buf(),
+            mount: "/reference".into(),
+            access: Access::ReadOnly,
+        });
+        let tool = Read::with_grant(&grant).unwrap();
+        assert_eq!(
+            run(&tool, json!({ "file_path": "/reference/ref.txt" })).unwrap().content,
+            "     1\tfrom the reference\n"
+        );
+        assert_eq!(
+            run(&tool, json!({ "file_path": "../reference/ref.txt" })).unwrap().content,
+            "     1\tfrom the reference\n",
+            "relative to the working directory /workspace"
+        );
+        let CallError::Tool(message) = run(&tool, json!({ "file_path": "/reference/link" })).unwrap_err()
+        else {
+            panic!("expected a tool error")
+        };
+        assert!(message.starts_with("cannot read /reference/link: "), "{message}");
+        assert_eq!(
+            run(&tool, json!({ "file_path": "/referenced/ref.txt" })).unwrap_err(),
+            CallError::Tool("/referenced/ref.txt is outside the granted directories".into())
         );
     }
 }
