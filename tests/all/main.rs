@@ -4,7 +4,11 @@
 mod batch;
 mod budget;
 mod cache;
+mod fuzz;
+mod grants;
+mod hostile;
 mod load;
+mod malformed;
 mod permissions;
 mod pool;
 mod queries;
