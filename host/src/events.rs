@@ -50,6 +50,16 @@ pub enum Event {
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         is_error: bool,
     },
+    /// The per-message budget replaced a result already sent as
+    /// `tool_result`: the message handed back holds this content instead.
+    /// Results stream whole (within their per-tool budget) as calls finish;
+    /// the per-message budget can only judge once all are in.
+    ToolResultReplaced {
+        /// Its `tool_use` id.
+        tool_use_id: String,
+        /// The replacement: a `<persisted-output>` block.
+        content: String,
+    },
     /// Every call of the batch has its result.
     BatchFinished {
         /// Calls in the batch.
@@ -59,6 +69,14 @@ pub enum Event {
         /// Whether the batch was interrupted.
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         interrupted: bool,
+    },
+    /// A short label for the batch, made off the critical path after it
+    /// finished. Never sent when no label could be made.
+    Summary {
+        /// The calls it summarizes.
+        tool_use_ids: Vec<String>,
+        /// The label, at most 50 chars.
+        label: String,
     },
 }
 
@@ -94,8 +112,9 @@ impl Event {
             Event::CallStarted { tool_use_id, .. }
             | Event::Progress { tool_use_id, .. }
             | Event::CallFinished { tool_use_id, .. }
-            | Event::ToolResult { tool_use_id, .. } => Some(tool_use_id),
-            Event::BatchPlan { .. } | Event::BatchFinished { .. } => None,
+            | Event::ToolResult { tool_use_id, .. }
+            | Event::ToolResultReplaced { tool_use_id, .. } => Some(tool_use_id),
+            Event::BatchPlan { .. } | Event::BatchFinished { .. } | Event::Summary { .. } => None,
         }
     }
 }

@@ -8,7 +8,7 @@
 //! | `batch.json` | the batch, as for `keel run` |
 //! | `workspace/` | copied to a fresh directory the case runs in (optional) |
 //! | `keel.toml` | the host configuration for the case (optional) |
-//! | `case.toml` | how to drive the case (optional): `interrupt_on_progress = "<tool_use id>"` interrupts the batch at that call's first progress report |
+//! | `case.toml` | how to drive the case (optional): `interrupt_on_progress = "<tool_use id>"` interrupts the batch at that call's first progress report; `[[generate]]` tables (`path`, `line`, `lines`) write files of `lines` copies of `line` into the workspace, for cases that need megabytes without committing them |
 //! | `expected.json` | the user message of `tool_result` blocks |
 //! | `events.jsonl` | the event trace, one JSON object a line |
 //!
@@ -49,6 +49,18 @@ pub struct Case {
 struct Driver {
     /// Interrupt the batch when this call first reports progress.
     interrupt_on_progress: Option<String>,
+    /// Files to write into the workspace before the run.
+    #[serde(default)]
+    generate: Vec<Generated>,
+}
+
+/// A file a case writes into its workspace: `lines` copies of `line`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Generated {
+    path: PathBuf,
+    line: String,
+    lines: usize,
 }
 
 /// What a case produced.
@@ -94,6 +106,14 @@ impl Case {
         let source = self.dir.join("workspace");
         if source.is_dir() {
             copy_tree(&source, workspace.path())?;
+        }
+        for file in &driver.generate {
+            let path = workspace.path().join(&file.path);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|error| Error::io("create", parent, error))?;
+            }
+            let contents = format!("{}\n", file.line).repeat(file.lines);
+            std::fs::write(&path, contents).map_err(|error| Error::io("write", &path, error))?;
         }
         let (config, _) = Config::discover(None, &self.dir)?;
         let host = builder.workspace(workspace.path()).config(config).build().await?;
@@ -172,11 +192,14 @@ pub fn normalize(events: &[Event]) -> Vec<Event> {
         events.iter().filter(|event| matches!(event, Event::BatchPlan { .. })).cloned().collect();
     for group in &groups {
         for id in group {
-            ordered.extend(call_events(events, id, false));
+            ordered.extend(call_events(events, id, Stage::Running));
         }
         for id in group {
-            ordered.extend(call_events(events, id, true));
+            ordered.extend(call_events(events, id, Stage::Result));
         }
+    }
+    for id in groups.iter().flatten() {
+        ordered.extend(call_events(events, id, Stage::Replaced));
     }
     ordered.extend(events.iter().filter(|event| {
         event.tool_use_id().is_none() && !matches!(event, Event::BatchPlan { .. })
@@ -184,12 +207,28 @@ pub fn normalize(events: &[Event]) -> Vec<Event> {
     ordered
 }
 
-/// The events of call `id`: its results, or everything but its results.
-fn call_events<'a>(events: &'a [Event], id: &'a str, results: bool) -> impl Iterator<Item = Event> + 'a {
-    events
-        .iter()
-        .filter(move |event| event.tool_use_id() == Some(id) && matches!(event, Event::ToolResult { .. }) == results)
-        .cloned()
+/// Where an event about one call belongs in a normalized trace.
+#[derive(PartialEq)]
+enum Stage {
+    /// Started, progress, finished: with the call, inside its group.
+    Running,
+    /// Its result: after every call of the group.
+    Result,
+    /// A per-message replacement: after every result of the batch.
+    Replaced,
+}
+
+fn stage(event: &Event) -> Stage {
+    match event {
+        Event::ToolResult { .. } => Stage::Result,
+        Event::ToolResultReplaced { .. } => Stage::Replaced,
+        _ => Stage::Running,
+    }
+}
+
+/// The events of call `id` at `wanted` stage, in their own order.
+fn call_events<'a>(events: &'a [Event], id: &'a str, wanted: Stage) -> impl Iterator<Item = Event> + 'a {
+    events.iter().filter(move |event| event.tool_use_id() == Some(id) && stage(event) == wanted).cloned()
 }
 
 fn pretty(value: &Value) -> String {

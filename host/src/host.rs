@@ -4,6 +4,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::batch::ToolUse;
+use crate::budget::Budget;
+use crate::ledger::Ledger;
+use crate::summary::{DefaultSummarizer, Summarizer};
 use crate::events::Event;
 use crate::builtin;
 use crate::config::Config;
@@ -17,6 +20,9 @@ use crate::permissions::{Permissions, Prompter};
 use crate::pool::{PoolOptions, ToolPool};
 use crate::scheduler::{self, BatchOutcome, Interrupt, RunOptions};
 use crate::tool::Tool;
+
+/// Where a session's persisted results go by default, inside the workspace.
+pub const DEFAULT_SESSION_DIR: &str = ".keel/session";
 
 /// Builds a [`Host`].
 ///
@@ -34,6 +40,9 @@ pub struct HostBuilder {
     native: Vec<Arc<dyn Tool>>,
     config: Config,
     prompter: Option<Arc<dyn Prompter>>,
+    session_dir: Option<PathBuf>,
+    ledger: Ledger,
+    summarizer: Option<Arc<dyn Summarizer>>,
 }
 
 impl HostBuilder {
@@ -84,6 +93,28 @@ impl HostBuilder {
         self
     }
 
+    /// Where persisted results go (`tool-results/` below it). Default:
+    /// `.keel/session` in the workspace, so the model can read them back.
+    pub fn session_dir(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.session_dir = Some(dir.into());
+        self
+    }
+
+    /// Continue from the budget decisions of an earlier session (a resumed
+    /// transcript, or a sub-agent's clone): a result once sent whole stays
+    /// whole, and a replaced one keeps its exact replacement.
+    pub fn ledger(mut self, ledger: Ledger) -> Self {
+        self.ledger = ledger;
+        self
+    }
+
+    /// Who labels each batch once it finished. Default: the deterministic
+    /// [`DefaultSummarizer`].
+    pub fn summarizer(mut self, summarizer: Arc<dyn Summarizer>) -> Self {
+        self.summarizer = Some(summarizer);
+        self
+    }
+
     /// Whether the built-in tools (such as `Read`) are in the pool.
     pub fn builtins(mut self, yes: bool) -> Self {
         self.builtins = yes;
@@ -124,12 +155,23 @@ impl HostBuilder {
         }
         let options = PoolOptions { permissions: Arc::new(permissions), tool_search: self.builtins };
         let (pool, warnings) = ToolPool::assemble_with(builtins, plugins, options)?;
+        let session_dir = self.session_dir.unwrap_or_else(|| workspace.join(DEFAULT_SESSION_DIR));
+        // Persisted outputs are shown by a path the model can open with
+        // `Read`: relative to the workspace when the session lives in it.
+        let shown = session_dir.strip_prefix(&workspace).unwrap_or(&session_dir).display().to_string();
+        let budget = Budget::new(&self.config.budget, &session_dir).shown_root(shown);
+        let mut warnings = warnings;
+        warnings.extend(budget.warnings().iter().cloned());
+        warnings.extend(budget.check_tools(pool.entries().iter().map(|entry| entry.tool.spec())));
         for warning in &warnings {
             tracing::warn!("{warning}");
         }
         let options = RunOptions {
             cap: scheduler::max_tool_use_concurrency(self.config.max_tool_use_concurrency),
             batch_fuel: Some(limits.batch_fuel),
+            budget,
+            ledger: Arc::new(tokio::sync::Mutex::new(self.ledger)),
+            summarizer: self.summarizer.unwrap_or_else(|| Arc::new(DefaultSummarizer)),
         };
         Ok(Host { runtime, pool: Arc::new(pool), workspace, warnings, reports, options })
     }
@@ -147,6 +189,12 @@ pub struct Host {
 }
 
 impl Host {
+    /// Every budget decision made so far, to save with the transcript and
+    /// hand to [`HostBuilder::ledger`] when the session resumes.
+    pub async fn ledger(&self) -> Ledger {
+        self.options.ledger.lock().await.clone()
+    }
+
     /// Start building a host.
     pub fn builder() -> HostBuilder {
         HostBuilder {
@@ -158,6 +206,9 @@ impl Host {
             native: Vec::new(),
             config: Config::default(),
             prompter: None,
+            session_dir: None,
+            ledger: Ledger::new(),
+            summarizer: None,
         }
     }
 

@@ -11,7 +11,10 @@ use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use crate::batch::{ToolResult, ToolUse};
+use crate::budget::{Budget, Threshold};
 use crate::context;
+use crate::ledger::Ledger;
+use crate::summary::{self, Summarizer, SummaryCall};
 use crate::events::{Event, PlannedGroup};
 use crate::limits::BatchFuel;
 use crate::partition::{Group, partition};
@@ -45,13 +48,19 @@ fn parse_cap(value: Option<&str>) -> usize {
 }
 
 /// How a batch runs.
-#[derive(Clone, Debug)]
+#[derive(Clone)]
 pub struct RunOptions {
     /// Calls of one concurrency-safe run in flight at once.
     pub cap: usize,
     /// Fuel the whole batch may burn, shared by its calls; `None`: no batch
     /// allowance beyond each call's own.
     pub batch_fuel: Option<u64>,
+    /// The result budgets.
+    pub budget: Budget,
+    /// Every budget decision so far, shared by the batches of a session.
+    pub ledger: Arc<tokio::sync::Mutex<Ledger>>,
+    /// Labels each batch once it finished.
+    pub summarizer: Arc<dyn Summarizer>,
 }
 
 /// Interrupts a running batch: calls not started are not started, running
@@ -127,15 +136,22 @@ pub async fn run(
     for call in planned.iter_mut().skip(MAX_WAITING_SANDBOXES).flatten().flatten() {
         call.park();
     }
+    let thresholds: Vec<Threshold> = uses
+        .iter()
+        .map(|tool_use| pool.get(&tool_use.name).map_or_else(Threshold::default, |e| options.budget.threshold(e.tool.spec())))
+        .collect();
+    let budget = Budgeted { budget: &options.budget, thresholds: &thresholds };
     let mut results = OrderedResults::new(uses.len());
     for group in &groups {
         let calls: Vec<(usize, Result<Prepared, ToolResult>)> =
             group.calls.clone().map(|index| (index, planned[index].take().expect("each call runs once"))).collect();
         if group.concurrent {
-            run_concurrently(&pool, calls, &mut context, cap, &events, &interrupt, &mut results, group).await;
+            run_concurrently(&pool, calls, &mut context, cap, &events, &interrupt, &mut results, group, &budget)
+                .await;
         } else {
             for (index, call) in calls {
                 let (result, modifier) = run_one(&pool, call, context.clone(), &events, &interrupt).await;
+                let result = budget.per_tool(index, result).await;
                 // Serial: the next call sees the change at once.
                 if let Some(patch) = modifier {
                     context::apply(&mut context, &patch);
@@ -144,10 +160,40 @@ pub async fn run(
             }
         }
     }
-    let results = results.into_results();
+    let streamed = results.into_results();
+    let mut results = streamed.clone();
+    options.budget.per_message(&mut results, &thresholds, &mut *options.ledger.lock().await).await;
+    for (sent, kept) in streamed.iter().zip(&results) {
+        if sent.content != kept.content {
+            let (tool_use_id, content) = (kept.tool_use_id.clone(), kept.content.clone());
+            emit(&events, Event::ToolResultReplaced { tool_use_id, content });
+        }
+    }
     let errors = results.iter().filter(|result| result.is_error).count();
     emit(&events, Event::BatchFinished { calls: results.len(), errors, interrupted: interrupt.is_interrupted() });
+
+    // Off the critical path: the outcome is handed back now, and the label
+    // follows as an event whenever (and if ever) it is ready.
+    let calls = uses.iter().zip(&results).map(|(tool_use, result)| SummaryCall::new(tool_use, result)).collect();
+    let labelling = summary::spawn(options.summarizer.clone(), calls, summary::DEFAULT_SUMMARY_TIMEOUT);
+    tokio::spawn(async move {
+        if let Ok(Some(summary)) = labelling.await {
+            emit(&events, Event::Summary { tool_use_ids: summary.tool_use_ids, label: summary.label });
+        }
+    });
     BatchOutcome { results, context }
+}
+
+/// The per-tool budget of each call of the batch, by position.
+struct Budgeted<'a> {
+    budget: &'a Budget,
+    thresholds: &'a [Threshold],
+}
+
+impl Budgeted<'_> {
+    async fn per_tool(&self, index: usize, result: ToolResult) -> ToolResult {
+        self.budget.per_tool(result, self.thresholds[index]).await
+    }
 }
 
 /// Run one concurrent group: at most `cap` calls in flight, all seeing the
@@ -164,13 +210,17 @@ async fn run_concurrently(
     interrupt: &Interrupt,
     results: &mut OrderedResults,
     group: &Group,
+    budget: &Budgeted<'_>,
 ) {
     let snapshot = context.clone();
     let mut queued: Vec<Option<Value>> = vec![None; group.calls.len()];
     let mut running = futures::stream::iter(calls)
         .map(|(index, call)| {
             let snapshot = snapshot.clone();
-            async move { (index, run_one(pool, call, snapshot, events, interrupt).await) }
+            async move {
+                let (result, modifier) = run_one(pool, call, snapshot, events, interrupt).await;
+                (index, (budget.per_tool(index, result).await, modifier))
+            }
         })
         .buffer_unordered(cap);
     while let Some((index, (result, modifier))) = running.next().await {

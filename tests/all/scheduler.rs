@@ -111,7 +111,8 @@ fn progress_arrives_before_the_call_finishes() {
             "progress 3",
             "call_finished",
             "tool_result",
-            "batch_finished"
+            "batch_finished",
+            "summary"
         ]
     );
 }
