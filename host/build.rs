@@ -19,10 +19,18 @@ const BUNDLED_TOOLS: &[(&str, &str)] = &[
 
 fn main() {
     println!("cargo:rerun-if-env-changed=KEEL_SKIP_GUEST_BUILD");
-    let dir = if std::env::var_os("KEEL_SKIP_GUEST_BUILD").is_some() {
-        guests::components_dir()
-    } else {
-        guests::build(BUNDLED_TOOLS)
-    };
-    println!("cargo:rustc-env=KEEL_BUNDLED_TOOLS_DIR={}", dir.display());
+    // The tests build their hostile guests into the same directory; the
+    // bundled tools get a directory of their own, so `keel run` without
+    // `--plugins` loads exactly these and never a test guest.
+    let bundled = guests::components_dir().join("bundled");
+    if std::env::var_os("KEEL_SKIP_GUEST_BUILD").is_none() {
+        let built = guests::build(BUNDLED_TOOLS);
+        std::fs::create_dir_all(&bundled).expect("failed to create the bundled tools directory");
+        for (package, _) in BUNDLED_TOOLS {
+            let file = format!("{}.wasm", package.replace('-', "_"));
+            std::fs::copy(built.join(&file), bundled.join(&file))
+                .unwrap_or_else(|error| panic!("failed to copy {file} to {}: {error}", bundled.display()));
+        }
+    }
+    println!("cargo:rustc-env=KEEL_BUNDLED_TOOLS_DIR={}", bundled.display());
 }
