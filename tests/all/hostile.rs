@@ -331,3 +331,27 @@ fn a_trap_in_each_per_input_question_gives_its_fallback_and_the_next_call_runs()
         assert_eq!(results, [expected, ToolResult::ok("healthy", "ok")], "trap in {export}");
     }
 }
+
+#[test]
+fn unbounded_table_growth_stops_at_the_table_limit() {
+    let workspace = tempfile::tempdir().unwrap();
+    let tools = tempfile::tempdir().unwrap();
+    let wasm = wat::parse_file(concat!(env!("CARGO_MANIFEST_DIR"), "/guests/table-grow.wat")).unwrap();
+    std::fs::write(tools.path().join("table_grow.wasm"), wasm).unwrap();
+    let builder = Host::builder()
+        .workspace(workspace.path())
+        .plugins(tools.path())
+        .plugins(guest("keel_guest_hostile"))
+        .limits(Limits { table_elements: 10_000, ..Limits::default() })
+        .cache_dir(None);
+    let host = block_on(builder.build()).unwrap();
+    let results =
+        block_on(host.run_batch(&[ToolUse::new("attack", "table_grow", json!({})), healthy()])).results;
+    assert_eq!(
+        results,
+        [
+            ToolResult::error("attack", "table_grow failed: table limit of 10000 elements exceeded"),
+            ToolResult::ok("healthy", "ok"),
+        ]
+    );
+}
