@@ -1,5 +1,6 @@
 //! One module per subcommand.
 
 pub mod list;
+pub mod bench;
 pub mod run;
 pub mod test;

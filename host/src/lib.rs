@@ -28,6 +28,7 @@
 #![deny(missing_docs)]
 
 pub mod batch;
+pub mod bench;
 mod bindings;
 pub mod budget;
 pub mod builtin;

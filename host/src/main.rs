@@ -16,6 +16,8 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
+    /// Measure keel's per-call cost, throughput and memory against baselines.
+    Bench(commands::bench::BenchArgs),
     /// Run a batch of tool calls and print the tool_result message.
     Run(commands::run::RunArgs),
     /// Run golden batch fixtures and compare their output byte for byte.
@@ -28,6 +30,7 @@ fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
+        Command::Bench(args) => commands::bench::run(&args),
         Command::Run(args) => commands::run::run(&args),
         Command::Test(args) => commands::test::run(&args),
         Command::List(args) => commands::list::run(&args),

@@ -160,6 +160,26 @@ impl host::Host for SandboxState {
 }
 
 impl SandboxState {
+    /// The least state a store can run a tool with: no filesystem, no
+    /// limiter, output dropped. Only the benchmark's floor uses it, to
+    /// measure what a fresh instance costs with nothing of keel around it.
+    pub(crate) fn bare() -> Self {
+        let capture = Capture::new(0);
+        SandboxState {
+            wasi: WasiCtxBuilder::new().build(),
+            table: ResourceTable::new(),
+            limiter: CallLimiter { memory: usize::MAX, table_elements: usize::MAX, hit: None },
+            plugin: Arc::from("floor"),
+            progress: None,
+            deadline: Instant::now() + Duration::from_secs(3600),
+            deadline_limit: Duration::from_secs(3600),
+            fuel_limit: FuelLimit { kind: LimitKind::Fuel, fuel: u64::MAX },
+            stdout: capture.clone(),
+            stderr: capture,
+            reported: 0,
+        }
+    }
+
     /// Count `len` bytes against [`MAX_REPORTED_BYTES`]; false once spent.
     fn within_report_budget(&mut self, len: usize) -> bool {
         let before = self.reported;

@@ -180,7 +180,7 @@ impl HostArgs {
 }
 
 /// The example tools built with this binary, wherever the build put them.
-fn bundled_tools() -> Result<PathBuf> {
+pub fn bundled_tools() -> Result<PathBuf> {
     let Some(dir) = option_env!("KEEL_BUNDLED_TOOLS_DIR") else {
         bail!("this build of keel has no bundled tools; pass --plugins PATH");
     };

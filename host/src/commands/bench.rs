@@ -1,0 +1,57 @@
+//! `keel bench`: keel's speed and memory figures, each beside its baseline.
+
+use std::io::Write as _;
+use std::path::PathBuf;
+
+use anyhow::Result;
+use clap::Args;
+use keel_host::bench::{self, BenchOptions, Figure};
+
+/// Arguments of `keel bench`.
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Few iterations: checks the suite runs, figures are noisy.
+    #[arg(long)]
+    quick: bool,
+    /// Print one JSON object per figure and line.
+    #[arg(long)]
+    json: bool,
+    /// The directory holding `keel_tool_echo.wasm` and `keel_tool_hash.wasm`.
+    /// Default: the tools bundled with this build.
+    #[arg(long, value_name = "DIR")]
+    tools: Option<PathBuf>,
+}
+
+/// Measure every figure and print it as it is measured.
+pub fn run(args: &BenchArgs) -> Result<()> {
+    // A captured backtrace per wasmtime error would be measured too.
+    // SAFETY: nothing else runs yet: the benchmarks start their threads below.
+    unsafe { std::env::remove_var("RUST_BACKTRACE") };
+    let tools = match &args.tools {
+        Some(dir) => dir.clone(),
+        None => super::run::bundled_tools()?,
+    };
+    let options = BenchOptions { quick: args.quick, tools };
+    if !args.json {
+        println!("{:<58} {:>12} {:>12}  {:<8} {:>7}  target", "figure", "keel", "baseline", "unit", "ratio");
+    }
+    let mut stdout = std::io::stdout();
+    bench::all(&options, |figure| {
+        let line = if args.json { serde_json::to_string(&figure).expect("figures serialize") } else { table_row(&figure) };
+        let _ = writeln!(stdout, "{line}");
+        let _ = stdout.flush();
+    })?;
+    Ok(())
+}
+
+fn table_row(figure: &Figure) -> String {
+    let target = match (&figure.target, figure.met) {
+        (Some(target), Some(true)) => format!("{target} (met)"),
+        (Some(target), Some(false)) => format!("{target} (NOT met)"),
+        _ => String::new(),
+    };
+    format!(
+        "{:<58} {:>12.1} {:>12.1}  {:<8} {:>7.2}  {target}",
+        figure.name, figure.keel, figure.baseline, figure.unit, figure.ratio
+    )
+}
