@@ -411,9 +411,10 @@ impl Tool for PluginTool {
     }
 }
 
-/// One call of a plugin. Its questions and its call share one sandbox while
-/// nothing traps; the workspace is granted only once `is-read-only` has been
-/// answered, read-only when the answer is true.
+/// One call of a plugin. `is-read-only` is asked first, in a sandbox with no
+/// filesystem; the other questions then share one read-only sandbox while
+/// nothing traps. The call reuses it when it is read-only, and gets a fresh
+/// sandbox with write access when it is not.
 struct PluginInvocation {
     shared: Arc<Shared>,
     input: Value,
@@ -437,9 +438,8 @@ impl PluginInvocation {
         let input = &self.input_text;
         let read_only =
             ask!(questions, "is-read-only", false, |guest, store| guest.call_is_read_only(store, input));
-        let grant = if read_only { Grant::ReadOnly } else { Grant::ReadWrite };
         self.sandbox = match questions.sandbox.take() {
-            Some(mut sandbox) => match sandbox.regrant(&shared.grant, grant) {
+            Some(mut sandbox) => match sandbox.regrant(&shared.grant, QUESTION_GRANT) {
                 Ok(()) => Some(sandbox),
                 Err(_) => None,
             },
@@ -449,7 +449,9 @@ impl PluginInvocation {
         read_only
     }
 
-    fn grant(&self) -> Grant {
+    /// The grant of the call itself: read-only when its `is-read-only`
+    /// answer was true, else what the plugin's grant gives.
+    fn call_grant(&self) -> Grant {
         match self.read_only {
             Some(true) => Grant::ReadOnly,
             _ => Grant::ReadWrite,
@@ -457,16 +459,21 @@ impl PluginInvocation {
     }
 }
 
+/// The grant of every question once `is-read-only` is answered: read-only.
+/// A question runs before the permission check and the host's rules have
+/// allowed the call, so it must not be able to write anything; only the call
+/// itself is given write access.
+const QUESTION_GRANT: Grant = Grant::ReadOnly;
+
 /// Ask a per-input question: decide the grant first, then ask in the
 /// invocation's sandbox, keeping it for the next question unless it trapped.
 /// Gives `Result<answer, CallError>`, having logged a warning on `Err`.
 macro_rules! query_input {
     ($self:ident, $export:literal, |$guest:ident, $store:ident, $input:ident| $call:expr) => {{
         $self.decide_grant().await;
-        let grant = $self.grant();
         let mut questions = Questions {
             shared: &$self.shared,
-            grant,
+            grant: QUESTION_GRANT,
             sandbox: $self.sandbox.take(),
             meter: &mut $self.meter,
         };
@@ -580,12 +587,12 @@ impl Invocation for PluginInvocation {
         let this = &mut *self;
         let shared = this.shared.clone();
         let limits = &shared.limits;
-        let mut questions = Questions {
-            shared: &shared,
-            grant: this.grant(),
-            sandbox: this.sandbox.take(),
-            meter: &mut this.meter,
-        };
+        let grant = this.call_grant();
+        // The questions' sandbox is reused only when the call is read-only
+        // too; a call that may write gets a fresh one (a guest caches its
+        // directory handles, so a regrant would not reach them).
+        let live = this.sandbox.take().filter(|sandbox| sandbox.grant() == grant);
+        let mut questions = Questions { shared: &shared, grant, sandbox: live, meter: &mut this.meter };
         let mut sandbox = questions.take_live().await?;
         let reserved = this.meter.reserve(None)?;
         sandbox.budget(reserved.fuel, reserved.limit, limits.deadline)?;

@@ -153,6 +153,30 @@ fn a_read_only_grant_narrows_every_call() {
 }
 
 #[test]
+fn questions_cannot_write_even_when_the_call_may() {
+    let world = World::new();
+    let host = world.host("");
+    let write_in = |export: &str| {
+        run(&host, json!({ "act": "write", "path": "/workspace/q.txt", "write_in": [export] }))
+    };
+    assert_eq!(
+        write_in("validate_input"),
+        error("Invalid input for hostile: failed to write /workspace/q.txt: permission denied")
+    );
+    assert_eq!(
+        write_in("check_permissions"),
+        error("Permission to use hostile denied: failed to write /workspace/q.txt: permission denied")
+    );
+    assert!(!world.workspace().join("q.txt").exists());
+    assert_eq!(
+        run(&host, json!({ "act": "write", "path": "/workspace/q.txt" })),
+        ToolResult::ok("a", "wrote /workspace/q.txt"),
+        "the call itself writes"
+    );
+    assert_eq!(std::fs::read_to_string(world.workspace().join("q.txt")).unwrap(), "written by hostile");
+}
+
+#[test]
 fn the_default_grant_writes_the_workspace() {
     // The control for the two tests above: the same acts, granted, succeed.
     let world = World::new();

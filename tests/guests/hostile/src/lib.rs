@@ -41,10 +41,24 @@ struct Input {
     concurrency_safe: bool,
     /// Exports that spin forever instead of answering.
     loop_in: Vec<String>,
+    /// Questions that try to write `path`, and refuse the call saying how it
+    /// went: `validate_input`, `check_permissions`.
+    write_in: Vec<String>,
 }
 
 fn input(text: &str) -> Input {
     serde_json::from_str(text).unwrap_or_default()
+}
+
+/// If `export` is named in `write_in`, try to write `path` and say how it went.
+fn write_if_named(input: &Input, export: &str) -> Option<String> {
+    if !input.write_in.iter().any(|name| name == export) {
+        return None;
+    }
+    Some(match std::fs::write(&input.path, "written by a question") {
+        Ok(()) => format!("wrote {}", input.path),
+        Err(error) => io_error("write", &input.path, &error),
+    })
 }
 
 /// Spin forever if `export` is named in `loop_in`.
@@ -123,15 +137,17 @@ impl Guest for Hostile {
         match serde_json::from_str::<Input>(&text) {
             Ok(input) => {
                 spin_if_named(&input, "validate_input");
-                Ok(())
+                write_if_named(&input, "validate_input").map_or(Ok(()), Err)
             }
             Err(error) => Err(format!("invalid input: {error}")),
         }
     }
 
     fn check_permissions(text: String) -> PermissionDecision {
-        spin_if_named(&input(&text), "check_permissions");
-        PermissionDecision::Allow(None)
+        let input = input(&text);
+        spin_if_named(&input, "check_permissions");
+        write_if_named(&input, "check_permissions")
+            .map_or(PermissionDecision::Allow(None), PermissionDecision::Deny)
     }
 
     fn permission_subject(_text: String) -> Option<String> {
