@@ -199,22 +199,26 @@ impl SandboxState {
 
     /// Write what the guest printed to the host's log, tagged with the plugin.
     fn log_output(&self) {
-        let plugin = &*self.plugin;
-        for (stream, capture) in [("stdout", &self.stdout), ("stderr", &self.stderr)] {
-            let (bytes, dropped) = capture.take();
-            if !bytes.is_empty() {
-                let text = String::from_utf8_lossy(&bytes);
-                tracing::info!(plugin, stream, "{}", text.trim_end());
-            }
-            if dropped > 0 {
-                tracing::warn!(
-                    plugin,
-                    stream,
-                    "dropped {dropped} bytes of {stream} past the {} kept",
-                    human_bytes(capture.capacity)
-                );
-            }
-        }
+        log_captured(&self.plugin, "stdout", &self.stdout);
+        log_captured(&self.plugin, "stderr", &self.stderr);
+    }
+}
+
+/// Write what `capture` holds to the host's log as one line tagged with the
+/// plugin and the stream, and warn of what was dropped; empty it.
+fn log_captured(plugin: &str, stream: &str, capture: &Capture) {
+    let (bytes, dropped) = capture.take();
+    if !bytes.is_empty() {
+        let text = String::from_utf8_lossy(&bytes);
+        tracing::info!(plugin, stream, "{}", text.trim_end());
+    }
+    if dropped > 0 {
+        tracing::warn!(
+            plugin,
+            stream,
+            "dropped {dropped} bytes of {stream} past the {} kept",
+            human_bytes(capture.capacity)
+        );
     }
 }
 
@@ -609,6 +613,39 @@ mod tests {
         assert_eq!(capture.contents(), (b"0123456789".to_vec(), 3 + (1 << 20)));
         assert_eq!(capture.take(), (b"0123456789".to_vec(), 3 + (1 << 20)));
         assert_eq!(capture.contents(), (Vec::new(), 0), "taking empties it");
+    }
+
+    #[test]
+    fn captured_output_is_logged_tagged_with_the_plugin_and_what_was_dropped() {
+        #[derive(Clone, Default)]
+        struct Log(Arc<Mutex<Vec<u8>>>);
+        impl std::io::Write for Log {
+            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(buf);
+                Ok(buf.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .with_target(false)
+            .finish();
+        let capture = Capture::new(8);
+        capture.push(b"hello, host\n");
+        tracing::subscriber::with_default(subscriber, || log_captured("grep", "stdout", &capture));
+        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            text,
+            " INFO hello, h plugin=\"grep\" stream=\"stdout\"\n \
+             WARN dropped 4 bytes of stdout past the 8 B kept plugin=\"grep\" stream=\"stdout\"\n"
+        );
+        assert_eq!(capture.contents(), (Vec::new(), 0), "logged once, then emptied");
     }
 
     #[test]
