@@ -3,8 +3,11 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::batch::ToolUse;
+use serde_json::Value;
+
+use crate::batch::{ToolResult, ToolUse};
 use crate::budget::Budget;
+use crate::budget::Threshold;
 use crate::ledger::Ledger;
 use crate::summary::{DefaultSummarizer, Summarizer};
 use crate::events::Event;
@@ -14,12 +17,14 @@ use crate::context;
 use crate::engine::{Runtime, default_cache_dir};
 use crate::error::{Error, Result};
 use crate::grants::Grants;
+use crate::limits::BatchFuel;
 use crate::limits::Limits;
 use crate::plugin::{LoadReport, PluginTool, plugin_files};
 use crate::permissions::{Permissions, Prompter};
 use crate::pool::{PoolOptions, ToolPool};
+use crate::runner::{self, Prepared};
 use crate::scheduler::{self, BatchOutcome, Interrupt, RunOptions};
-use crate::tool::Tool;
+use crate::tool::{CallContext, Tool};
 
 /// Where a session's persisted results go by default, inside the workspace.
 pub const DEFAULT_SESSION_DIR: &str = ".keel/session";
@@ -257,6 +262,97 @@ impl Host {
     /// Run a batch from a fresh context and wait for its outcome.
     pub async fn run_batch(&self, uses: &[ToolUse]) -> BatchOutcome {
         self.start_batch(uses.to_vec(), context::initial()).finish().await
+    }
+
+    /// Plan one call on its own, as a batch plans each of its calls: resolve
+    /// the tool, check the input against its schema, and ask whether the call
+    /// is concurrency-safe. An `Err` is the call's result.
+    ///
+    /// For an embedder that admits calls one by one as they arrive instead of
+    /// a batch at a time (`keel serve` does, for concurrent MCP requests): it
+    /// keeps the partition itself, running a call that
+    /// [is concurrency-safe](PlannedCall::is_concurrency_safe) beside other
+    /// such calls, at most [`Self::max_tool_use_concurrency`] at once, and any
+    /// other call alone. The call is a batch of one: the batch fuel allowance
+    /// is its own.
+    pub async fn plan_call(&self, tool_use: &ToolUse) -> Result<PlannedCall, ToolResult> {
+        let fuel = self.options.batch_fuel.map(BatchFuel::new);
+        let prepared = runner::prepare(&self.pool, tool_use, fuel.as_ref()).await?;
+        Ok(PlannedCall { prepared, pool: self.pool.clone(), options: self.options.clone() })
+    }
+}
+
+/// One call planned by [`Host::plan_call`], waiting for its turn.
+pub struct PlannedCall {
+    prepared: Prepared,
+    pool: Arc<ToolPool>,
+    options: RunOptions,
+}
+
+impl PlannedCall {
+    /// The id of its `tool_use`.
+    pub fn id(&self) -> &str {
+        &self.prepared.id
+    }
+
+    /// The tool's name (the real one, when the call used an alias).
+    pub fn tool(&self) -> &str {
+        &self.prepared.name
+    }
+
+    /// Whether it may run beside other concurrency-safe calls: its input
+    /// passed the schema and `is-concurrency-safe` said yes without trapping.
+    pub fn is_concurrency_safe(&self) -> bool {
+        self.prepared.concurrency_safe
+    }
+
+    /// Release the sandbox the call holds while it waits, keeping the
+    /// answers it gave; it gets a fresh one at its turn.
+    pub fn park(&mut self) {
+        self.prepared.park();
+    }
+
+    /// Run the call from `context` the way a batch runs each call: the
+    /// tool's own `validate-input`, then `check-permissions`, then the host's
+    /// permission rules, then the call in its sandbox, then the result
+    /// budgets, with the result as a message of its own. `events` gets
+    /// `call_started`, each `progress` the moment the tool reports it,
+    /// `call_finished` and `tool_result`. An interrupt stops a call whose
+    /// tool's interrupt behaviour is `cancel`; a `block` call runs to its end;
+    /// a call interrupted before it started never starts.
+    ///
+    /// Returns the result and the call's context modifier, which the caller
+    /// applies to the context later calls see.
+    pub async fn run(
+        self,
+        context: Value,
+        events: impl Fn(Event) + Send + Sync + 'static,
+        interrupt: &Interrupt,
+    ) -> (ToolResult, Option<Value>) {
+        let PlannedCall { mut prepared, pool, options } = self;
+        let id = prepared.id.clone();
+        if interrupt.is_interrupted() {
+            let result = ToolResult::error(&id, runner::NOT_STARTED);
+            events(Event::tool_result(&result));
+            return (result, None);
+        }
+        let events: Arc<dyn Fn(Event) + Send + Sync> = Arc::new(events);
+        let threshold = pool
+            .get(&prepared.name)
+            .map_or_else(Threshold::default, |entry| options.budget.threshold(entry.tool.spec()));
+        let activity = prepared.activity().await;
+        events(Event::CallStarted { tool_use_id: id.clone(), tool: prepared.name.clone(), activity });
+        let progress = {
+            let (events, id) = (events.clone(), id.clone());
+            Arc::new(move |data| events(Event::Progress { tool_use_id: id.clone(), data }))
+        };
+        let (result, modifier) = prepared.run(&pool, CallContext { context, progress }, interrupt).await;
+        events(Event::CallFinished { tool_use_id: id, is_error: result.is_error });
+        let mut results = [options.budget.per_tool(result, threshold).await];
+        options.budget.per_message(&mut results, &[threshold], &mut *options.ledger.lock().await).await;
+        let [result] = results;
+        events(Event::tool_result(&result));
+        (result, modifier)
     }
 }
 

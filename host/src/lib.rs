@@ -58,7 +58,7 @@ pub use batch::{ToolResult, ToolUse};
 pub use bindings::CONTRACT_VERSION;
 pub use error::{Error, Result};
 pub use events::Event;
-pub use host::{BatchRun, Host, HostBuilder};
+pub use host::{BatchRun, Host, HostBuilder, PlannedCall};
 pub use scheduler::{BatchOutcome, Interrupt};
 pub use limits::Limits;
 pub use tool::{Invocation, Tool, ToolSpec};
