@@ -3,4 +3,5 @@
 pub mod list;
 pub mod bench;
 pub mod run;
+pub mod serve;
 pub mod test;

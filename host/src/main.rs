@@ -24,6 +24,8 @@ enum Command {
     Test(commands::test::TestArgs),
     /// Print the tool definitions exactly as an agent sends them to a model.
     List(commands::list::ListArgs),
+    /// Serve the tools over the Model Context Protocol on stdin and stdout.
+    Serve(commands::serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -34,6 +36,7 @@ fn main() -> ExitCode {
         Command::Run(args) => commands::run::run(&args),
         Command::Test(args) => commands::test::run(&args),
         Command::List(args) => commands::list::run(&args),
+        Command::Serve(args) => commands::serve::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,2 +1,12 @@
-//! Integration tests of keel live in `all/`; this crate only builds the
-//! guests they load (see `build.rs`).
+//! Integration tests of keel live in `all/`; this crate builds the guests
+//! they load (see `build.rs`), and tells other crates' tests where they are.
+
+use std::path::{Path, PathBuf};
+
+/// The component of the guest `name`, such as `keel_guest_hostile`, as
+/// `build.rs` built it.
+pub fn guest(name: &str) -> PathBuf {
+    let path = Path::new(env!("KEEL_TEST_GUESTS_DIR")).join(format!("{name}.wasm"));
+    assert!(path.is_file(), "guest {} was not built", path.display());
+    path
+}

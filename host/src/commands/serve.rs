@@ -1,0 +1,362 @@
+//! `keel serve`: the tool pool as a Model Context Protocol server on stdio.
+//!
+//! `tools/list` is the pool as a model sees it (`keel list`); `tools/call`
+//! runs one call through the same path as a call of `keel run`: schema,
+//! the tool's own checks, permissions, a fresh sandbox, result budgets,
+//! events. Concurrent requests keep the partition of a batch ([`gate`]):
+//! concurrency-safe calls overlap up to the cap, any other call runs alone,
+//! and calls are admitted in the order they arrived ([`arrivals`]). A
+//! request with a progress token gets `notifications/progress` as the tool
+//! reports progress; `notifications/cancelled` interrupts its call.
+//!
+//! Every failure of a call is a result with `isError: true`; the server
+//! goes on. Standard output carries the protocol only; logs go to stderr.
+
+mod arrivals;
+mod gate;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use futures::FutureExt as _;
+use keel_host::config::Config;
+use keel_host::definitions::model_description;
+use keel_host::grants::{Access, Grants};
+use keel_host::runner::NOT_STARTED;
+use keel_host::tool::{ToolOrigin, ToolSpec};
+use keel_host::{Event, Host, Interrupt, ToolResult, ToolUse};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
+    ServerConfig, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt as _};
+use serde_json::Value;
+use tokio::sync::{Semaphore, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use self::arrivals::Arrivals;
+use self::gate::{Gate, Mode, Ticket};
+use super::run::HostArgs;
+
+/// Calls planned at once. Planning runs guest code (`is-concurrency-safe`)
+/// in a sandbox of its own; a burst of requests must not hold more
+/// sandboxes than the engine has instances for.
+const MAX_PLANNING: usize = 16;
+
+/// Planned calls that keep their sandbox while they wait for their turn;
+/// past this, a waiting call releases it and gets a fresh one at its turn
+/// (the scheduler's rule for a long batch).
+const MAX_WAITING_SANDBOXES: usize = 64;
+
+/// Arguments of `keel serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    host: HostArgs,
+    /// Also append every call's events to this file as JSON lines, as
+    /// `keel run --events` prints them.
+    #[arg(long, value_name = "PATH")]
+    events: Option<PathBuf>,
+}
+
+/// Build the host from the flags and `keel.toml`, then answer MCP requests
+/// on stdin and stdout until the client closes stdin.
+pub fn run(args: &ServeArgs) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let (config, _) = Config::discover(args.host.config.as_deref(), &std::env::current_dir()?)?;
+        let grants_config = config.plugins.clone();
+        let host = args.host.builder_without_config()?.config(config).build().await?;
+        let grants = Grants::from_config(&grants_config, host.workspace())?;
+        let events = match &args.events {
+            Some(path) => Some(EventLog::create(path)?),
+            None => None,
+        };
+        let server = Server::new(host, &grants, events);
+        let (stdin, stdout) = rmcp::transport::stdio_pipes();
+        let transport = Arrivals::new(AsyncRwTransport::new_server(stdin, stdout), server.gate.clone());
+        tracing::info!("serving {} tools over MCP on stdio", server.tools.len());
+        let service = server.serve(transport).await.context("failed to start the MCP session")?;
+        service.waiting().await.context("the MCP session failed")?;
+        anyhow::Ok(())
+    })
+}
+
+/// The MCP server: one host, and the gate its calls pass.
+struct Server {
+    host: Arc<Host>,
+    gate: Gate,
+    tools: Arc<[rmcp::model::Tool]>,
+    planning: Arc<Semaphore>,
+    waiting_sandboxes: Arc<AtomicUsize>,
+    events: Option<Arc<EventLog>>,
+}
+
+impl Server {
+    fn new(host: Host, grants: &Grants, events: Option<EventLog>) -> Self {
+        let tools = mcp_tools(&host, grants).into();
+        let gate = Gate::new(host.max_tool_use_concurrency(), keel_host::context::initial());
+        Server {
+            host: Arc::new(host),
+            gate,
+            tools,
+            planning: Arc::new(Semaphore::new(MAX_PLANNING)),
+            waiting_sandboxes: Arc::new(AtomicUsize::new(0)),
+            events: events.map(Arc::new),
+        }
+    }
+
+    /// Plan, wait for the turn, run: one call from arrival to result.
+    async fn call(
+        &self,
+        tool_use: ToolUse,
+        ticket: Ticket,
+        cancelled: &CancellationToken,
+        progress: Option<ProgressForwarder>,
+    ) -> ToolResult {
+        let planned = {
+            let _permit = self.planning.acquire().await.expect("the semaphore is never closed");
+            self.host.plan_call(&tool_use).await
+        };
+        let mut call = match planned {
+            Ok(call) => call,
+            Err(result) => {
+                self.log(&Event::tool_result(&result));
+                return result;
+            }
+        };
+        let admission = ticket.admit(Mode::of(call.is_concurrency_safe()));
+        tokio::pin!(admission);
+        let slot = match (&mut admission).now_or_never() {
+            Some(slot) => slot,
+            None => {
+                let _held = match Held::try_new(&self.waiting_sandboxes) {
+                    Some(held) => Some(held),
+                    None => {
+                        call.park();
+                        None
+                    }
+                };
+                tokio::select! {
+                    slot = admission => slot,
+                    () = cancelled.cancelled() => {
+                        let result = ToolResult::error(&tool_use.id, NOT_STARTED);
+                        self.log(&Event::tool_result(&result));
+                        return result;
+                    }
+                }
+            }
+        };
+
+        // A cancellation interrupts the call whenever it comes: before the
+        // call starts (it never starts) or while it runs.
+        let interrupt = Interrupt::new();
+        if cancelled.is_cancelled() {
+            interrupt.interrupt();
+        }
+        let watcher = tokio::spawn({
+            let (cancelled, interrupt) = (cancelled.clone(), interrupt.clone());
+            async move {
+                cancelled.cancelled().await;
+                interrupt.interrupt();
+            }
+        });
+        let sink = {
+            let events = self.events.clone();
+            let progress = progress.as_ref().map(|forwarder| forwarder.sender.clone());
+            move |event: Event| {
+                if let (Some(progress), Event::Progress { data, .. }) = (&progress, &event) {
+                    // The forwarder outlives the call; a send cannot fail.
+                    let _ = progress.send(Some(data.clone()));
+                }
+                if let Some(events) = &events {
+                    events.write(&event);
+                }
+            }
+        };
+        let (result, modifier) = call.run(slot.context().clone(), sink, &interrupt).await;
+        watcher.abort();
+        slot.finish(modifier);
+        if let Some(progress) = progress {
+            progress.finish().await;
+        }
+        result
+    }
+
+    fn log(&self, event: &Event) {
+        if let Some(events) = &self.events {
+            events.write(event);
+        }
+    }
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("keel", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Each tool runs as a WebAssembly component in a fresh sandbox with access to the \
+                 workspace only.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools.to_vec()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        mut context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let ticket = context.extensions.remove::<Ticket>().unwrap_or_else(|| self.gate.arrive());
+        let id = format!("mcp-{}", ticket.number());
+        tracing::debug!(request = %context.id, tool_use_id = %id, tool = %request.name, "call received");
+        let input = Value::Object(request.arguments.unwrap_or_default());
+        let tool_use = ToolUse::new(id, request.name.as_ref(), input);
+        let progress = context
+            .meta
+            .get_progress_token()
+            .map(|token| ProgressForwarder::start(context.peer.clone(), token));
+        let result = self.call(tool_use, ticket, &context.ct, progress).await;
+        let content = vec![ContentBlock::text(result.content)];
+        let result =
+            if result.is_error { CallToolResult::error(content) } else { CallToolResult::success(content) };
+        Ok(result.into())
+    }
+}
+
+/// The pool as the model sees it, as MCP tools.
+fn mcp_tools(host: &Host, grants: &Grants) -> Vec<rmcp::model::Tool> {
+    let pool = host.pool();
+    pool.entries()
+        .iter()
+        .map(|entry| entry.tool.spec())
+        .filter(|spec| !pool.is_deferred(spec))
+        .map(|spec| mcp_tool(spec, grants))
+        .collect()
+}
+
+/// One tool: name, the description a model reads, the input schema, and
+/// the annotations keel can vouch for whatever the input.
+fn mcp_tool(spec: &ToolSpec, grants: &Grants) -> rmcp::model::Tool {
+    let schema: JsonObject = match &spec.input_schema {
+        Value::Object(schema) => schema.clone(),
+        // A schema such as `true` accepts anything; MCP wants an object.
+        _ => JsonObject::from_iter([("type".to_string(), Value::from("object"))]),
+    };
+    let mut tool = rmcp::model::Tool::new(spec.name.clone(), model_description(spec), Arc::new(schema));
+    if spec.user_facing_name != spec.name {
+        tool = tool.with_title(spec.user_facing_name.clone());
+    }
+    if let Some(annotations) = annotations(spec, grants) {
+        tool = tool.with_annotations(annotations);
+    }
+    tool
+}
+
+/// Hints that hold for every call of the tool because the sandbox enforces
+/// them, not because the tool claims them: a plugin has no network, so its
+/// world is closed; a plugin granted no write access anywhere is read-only.
+/// What a tool says about one input (`is-read-only`, `is-destructive`, …)
+/// has no place here: MCP hints are per tool, and when left out MCP assumes
+/// the conservative answer, as keel does.
+fn annotations(spec: &ToolSpec, grants: &Grants) -> Option<ToolAnnotations> {
+    let ToolOrigin::Plugin { .. } = spec.origin else { return None };
+    let grant = grants.for_tool(&spec.name);
+    let writes = grant.workspace_access == Access::ReadWrite
+        || grant.dirs.iter().any(|dir| dir.access == Access::ReadWrite);
+    let annotations = ToolAnnotations::new().open_world(false);
+    Some(if writes { annotations } else { annotations.read_only(true) })
+}
+
+/// Sends a call's progress reports to the client as
+/// `notifications/progress`, in order, numbering them 1, 2, 3, ….
+struct ProgressForwarder {
+    sender: mpsc::UnboundedSender<Option<Value>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ProgressForwarder {
+    fn start(peer: Peer<RoleServer>, token: ProgressToken) -> Self {
+        let (sender, mut reports) = mpsc::unbounded_channel::<Option<Value>>();
+        let task = tokio::spawn(async move {
+            let mut count = 0u32;
+            while let Some(Some(data)) = reports.recv().await {
+                count += 1;
+                let message = match data {
+                    Value::String(text) => text,
+                    other => other.to_string(),
+                };
+                let notification =
+                    ProgressNotificationParam::new(token.clone(), f64::from(count)).with_message(message);
+                if let Err(error) = peer.notify_progress(notification).await {
+                    tracing::debug!("failed to send a progress notification: {error}");
+                }
+            }
+        });
+        ProgressForwarder { sender, task }
+    }
+
+    /// Send what is still queued, then stop: the call's result goes out
+    /// after its last progress notification.
+    async fn finish(self) {
+        let _ = self.sender.send(None);
+        let _ = self.task.await;
+    }
+}
+
+/// One of the waiting calls that keep their sandbox; counted while alive.
+struct Held<'a>(&'a AtomicUsize);
+
+impl<'a> Held<'a> {
+    fn try_new(count: &'a AtomicUsize) -> Option<Self> {
+        let taken = count.fetch_add(1, Ordering::Relaxed);
+        if taken < MAX_WAITING_SANDBOXES {
+            Some(Held(count))
+        } else {
+            count.fetch_sub(1, Ordering::Relaxed);
+            None
+        }
+    }
+}
+
+impl Drop for Held<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// `--events`: every call's events as JSON lines, written as they happen.
+struct EventLog {
+    file: Mutex<std::io::LineWriter<std::fs::File>>,
+    path: PathBuf,
+}
+
+impl EventLog {
+    fn create(path: &std::path::Path) -> Result<Self> {
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("failed to create events file {}", path.display()))?;
+        Ok(EventLog { file: Mutex::new(std::io::LineWriter::new(file)), path: path.to_path_buf() })
+    }
+
+    fn write(&self, event: &Event) {
+        let mut line = serde_json::to_vec(event).expect("events serialize");
+        line.push(b'\n');
+        let mut file = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(error) = file.write_all(&line) {
+            tracing::warn!("failed to write to events file {}: {error}", self.path.display());
+        }
+    }
+}
