@@ -2,6 +2,7 @@
 
 pub mod list;
 pub mod bench;
+pub mod inspect;
 pub mod run;
 pub mod serve;
 pub mod test;

@@ -26,6 +26,8 @@ enum Command {
     List(commands::list::ListArgs),
     /// Serve the tools over the Model Context Protocol on stdin and stdout.
     Serve(commands::serve::ServeArgs),
+    /// Show one plugin as keel sees it: metadata, schema, answers, grants.
+    Inspect(commands::inspect::InspectArgs),
 }
 
 fn main() -> ExitCode {
@@ -37,6 +39,7 @@ fn main() -> ExitCode {
         Command::Test(args) => commands::test::run(&args),
         Command::List(args) => commands::list::run(&args),
         Command::Serve(args) => commands::serve::run(&args),
+        Command::Inspect(args) => commands::inspect::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
