@@ -21,7 +21,7 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::batch::{parse_batch, user_message};
+use crate::batch::{parse_batch_bytes, user_message};
 use crate::config::Config;
 use crate::error::{Error, Result};
 use crate::events::Event;
@@ -99,8 +99,10 @@ impl Case {
     /// copy of its workspace, under its own `keel.toml` when it has one.
     pub async fn run(&self, builder: HostBuilder) -> Result<Produced> {
         let batch_path = self.dir.join(BATCH);
-        let text = std::fs::read_to_string(&batch_path).map_err(|error| Error::io("read", &batch_path, error))?;
-        let uses = parse_batch(&text, &batch_path.display().to_string())?;
+        let bytes = std::fs::read(&batch_path).map_err(|error| Error::io("read", &batch_path, error))?;
+        let (config, _) = Config::discover(None, &self.dir)?;
+        let max_input = config.limits.apply(crate::limits::Limits::default()).input;
+        let uses = parse_batch_bytes(&bytes, &batch_path.display().to_string(), max_input)?;
         let driver = self.driver()?;
         let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
         let source = self.dir.join("workspace");
@@ -115,7 +117,6 @@ impl Case {
             let contents = format!("{}\n", file.line).repeat(file.lines);
             std::fs::write(&path, contents).map_err(|error| Error::io("write", &path, error))?;
         }
-        let (config, _) = Config::discover(None, &self.dir)?;
         let host = builder.workspace(workspace.path()).config(config).build().await?;
 
         let mut run = host.start_batch(uses, crate::context::initial());

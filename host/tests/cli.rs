@@ -67,3 +67,63 @@ fn a_bad_plugin_fails_naming_the_file() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.starts_with("error: failed to load plugin evil.wasm: not a WebAssembly file"), "{stderr}");
 }
+
+#[test]
+fn bench_quick_prints_one_json_figure_per_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = keel(&["bench", "--quick", "--json"], dir.path(), "");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let figures: Vec<serde_json::Value> = stdout.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let names: Vec<&str> =
+        figures.iter().map(|f| f["name"].as_str().unwrap().split(' ').next().unwrap()).collect();
+    let all_workers = format!("throughput_{}_workers", std::thread::available_parallelism().unwrap());
+    assert_eq!(
+        names,
+        [
+            "per_call_overhead",
+            "throughput_1_workers",
+            &all_workers,
+            "batch_speedup",
+            "startup_50_plugins",
+            "tool_work_hash_10mb",
+            "budget_per_message_10x1mb",
+            "memory_rss"
+        ]
+    );
+    for figure in &figures {
+        for key in ["keel", "baseline", "ratio"] {
+            assert!(figure[key].is_f64(), "{key} of {figure}");
+        }
+        assert!(figure["unit"].is_string() && figure.get("target").is_some() && figure.get("met").is_some());
+    }
+}
+
+#[test]
+fn the_configured_input_cap_applies_before_parsing_and_fails_only_that_call() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("keel.toml"), "[limits]\ninput_kib = 1\n").unwrap();
+    let big = "x".repeat(2000);
+    let batch = format!(
+        r#"[{{"id":"big","name":"echo","input":{{"text":"{big}"}}}},{{"id":"small","name":"echo","input":{{"text":"hi"}}}}]"#
+    );
+    let output = keel(&["run", "-"], dir.path(), &batch);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let message: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let big = &message["content"][0];
+    assert_eq!(big["is_error"], true);
+    assert!(big["content"].as_str().unwrap().contains("input size limit of 1 KiB exceeded"), "{big}");
+    assert_eq!(message["content"][1]["content"], "hi");
+}
+
+#[test]
+fn a_batch_that_is_not_utf8_fails_naming_the_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("batch.json"), b"[{\"id\":\"a\xff\"}]").unwrap();
+    let output = keel(&["run", "batch.json"], dir.path(), "");
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "error: failed to read batch batch.json: not UTF-8 text: invalid byte at offset 9\n"
+    );
+}

@@ -8,7 +8,8 @@ use std::time::Duration;
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
-use keel_host::batch::{parse_batch, user_message};
+use keel_host::Limits;
+use keel_host::batch::{parse_batch_bytes, user_message};
 use keel_host::config::Config;
 use keel_host::permissions::TerminalPrompter;
 use keel_host::{BatchRun, Event, Host, HostBuilder};
@@ -55,11 +56,12 @@ pub struct HostArgs {
 /// events as JSON lines with `--events`. Ctrl-C interrupts the batch: calls
 /// not started are not started, `cancel` calls stop, `block` calls finish.
 pub fn run(args: &RunArgs) -> Result<()> {
-    let (text, origin) = read_batch(&args.batch)?;
-    let uses = parse_batch(&text, &origin)?;
+    let config = args.host.config()?;
+    let (bytes, origin) = read_batch(&args.batch)?;
+    let uses = parse_batch_bytes(&bytes, &origin, config.limits.apply(Limits::default()).input)?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let mut builder = args.host.builder()?;
+        let mut builder = args.host.builder_without_config()?.config(config);
         // With someone at the keyboard a call that needs approval is asked
         // about; without, it is denied saying so.
         if let Some(prompter) = TerminalPrompter::if_interactive() {
@@ -139,22 +141,27 @@ impl LiveProgress {
     }
 }
 
-fn read_batch(batch: &str) -> Result<(String, String)> {
+fn read_batch(batch: &str) -> Result<(Vec<u8>, String)> {
     if batch == "-" {
-        let mut text = String::new();
-        std::io::stdin().read_to_string(&mut text).context("failed to read batch from standard input")?;
-        return Ok((text, "<stdin>".into()));
+        let mut bytes = Vec::new();
+        std::io::stdin().read_to_end(&mut bytes).context("failed to read batch from standard input")?;
+        return Ok((bytes, "<stdin>".into()));
     }
-    let text = std::fs::read_to_string(batch).with_context(|| format!("failed to read batch {batch}"))?;
-    Ok((text, batch.to_string()))
+    let bytes = std::fs::read(batch).with_context(|| format!("failed to read batch {batch}"))?;
+    Ok((bytes, batch.to_string()))
 }
 
 impl HostArgs {
     /// A host builder for these flags: config, plugins (or the bundled
     /// tools), workspace and cache.
     pub fn builder(&self) -> Result<HostBuilder> {
-        let (config, _) = Config::discover(self.config.as_deref(), &std::env::current_dir()?)?;
-        Ok(self.builder_without_config()?.config(config))
+        Ok(self.builder_without_config()?.config(self.config()?))
+    }
+
+    /// The configuration: `--config PATH`, else `keel.toml` in the current
+    /// directory, else the defaults.
+    pub fn config(&self) -> Result<Config> {
+        Ok(Config::discover(self.config.as_deref(), &std::env::current_dir()?)?.0)
     }
 
     /// A host builder for these flags, leaving the configuration to the
