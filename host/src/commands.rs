@@ -1,6 +1,7 @@
 //! One module per subcommand.
 
 pub mod list;
+pub mod new;
 pub mod bench;
 pub mod inspect;
 pub mod run;

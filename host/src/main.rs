@@ -28,6 +28,8 @@ enum Command {
     Serve(commands::serve::ServeArgs),
     /// Show one plugin as keel sees it: metadata, schema, answers, grants.
     Inspect(commands::inspect::InspectArgs),
+    /// Create a tool crate that builds, tests and runs out of the box.
+    New(commands::new::NewArgs),
 }
 
 fn main() -> ExitCode {
@@ -40,6 +42,7 @@ fn main() -> ExitCode {
         Command::List(args) => commands::list::run(&args),
         Command::Serve(args) => commands::serve::run(&args),
         Command::Inspect(args) => commands::inspect::run(&args),
+        Command::New(args) => commands::new::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
