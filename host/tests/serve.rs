@@ -176,6 +176,23 @@ async fn calls_each_example_tool_and_the_context_carries_from_call_to_call() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_over_budget_is_persisted_in_a_session_directory_of_this_server() {
+    let workspace = tempfile::tempdir().unwrap();
+    let (client, _) = client(workspace.path(), &[], &[]).await;
+    let long = "x".repeat(60_000);
+    let result = call(&client, "echo", json!({ "text": long })).await;
+    let (shown, is_error) = text(&result);
+    assert!(!is_error);
+    let prefix = "<persisted-output>\nOutput too large (60000 chars, 60000 bytes). Full output saved to: ";
+    let path = shown.strip_prefix(prefix).unwrap_or_else(|| panic!("{}", &shown[..200]));
+    let path = &path[..path.find('\n').unwrap()];
+    let session = path.strip_prefix(".keel/session/mcp-").unwrap();
+    assert!(session.ends_with("/tool-results/mcp-0.txt"), "{path}");
+    assert_eq!(std::fs::read_to_string(workspace.path().join(path)).unwrap(), long);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_call_that_fails_is_an_error_result_and_the_server_goes_on() {
     let workspace = tempfile::tempdir().unwrap();
     let (client, _) = client(workspace.path(), &[], &[]).await;

@@ -73,7 +73,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     runtime.block_on(async {
         let (config, _) = Config::discover(args.host.config.as_deref(), &std::env::current_dir()?)?;
         let grants_config = config.plugins.clone();
-        let host = args.host.builder_without_config()?.config(config).build().await?;
+        let mut builder = args.host.builder_without_config()?.config(config);
+        if let Some(dir) = session_dir(args.host.workspace.as_deref()) {
+            builder = builder.session_dir(dir);
+        }
+        let host = builder.build().await?;
         let grants = Grants::from_config(&grants_config, host.workspace())?;
         let events = match &args.events {
             Some(path) => Some(EventLog::create(path)?),
@@ -87,6 +91,22 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         service.waiting().await.context("the MCP session failed")?;
         anyhow::Ok(())
     })
+}
+
+/// Where this server persists results: a session directory of its own under
+/// the workspace's `.keel/session/` (the host's default session directory),
+/// named by the start time and process id. Call ids (`mcp-<n>`) count from 0
+/// in every server, so a shared directory would let a new server overwrite
+/// the results an earlier conversation still points to. `None` when the
+/// workspace cannot be opened: building the host reports that.
+fn session_dir(workspace: Option<&std::path::Path>) -> Option<PathBuf> {
+    let workspace = match workspace {
+        Some(dir) => dir.canonicalize().ok()?,
+        None => std::env::current_dir().ok()?.canonicalize().ok()?,
+    };
+    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    let name = format!("mcp-{started}-{}", std::process::id());
+    Some(workspace.join(".keel/session").join(name))
 }
 
 /// The MCP server: one host, and the gate its calls pass.
