@@ -519,3 +519,20 @@ fn fifty_concurrent_calls_overlap_under_the_cap_and_unsafe_ones_run_alone_in_arr
         }
     }
 }
+
+#[test]
+fn a_missing_plugin_path_is_refused_saying_what_to_pass() {
+    let workspace = tempfile::tempdir().unwrap();
+    let output =
+        keel_command(workspace.path(), &["serve".into(), "--plugins".into(), "tools/nope.wasm".into()])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty(), "nothing but protocol on stdout");
+    assert_eq!(
+        String::from_utf8(output.stderr).unwrap(),
+        "error: no plugin at tools/nope.wasm; pass a tool's .wasm component or a directory of them \
+         (cargo puts them in target/wasm32-wasip2/release/)\n"
+    );
+}

@@ -172,6 +172,13 @@ impl HostArgs {
             builder = builder.plugins(bundled_tools()?);
         }
         for path in &self.plugins {
+            if !path.exists() {
+                bail!(
+                    "no plugin at {}; pass a tool's .wasm component or a directory of them \
+                     (cargo puts them in target/wasm32-wasip2/release/)",
+                    path.display()
+                );
+            }
             builder = builder.plugins(path);
         }
         if let Some(dir) = &self.workspace {
