@@ -472,7 +472,7 @@ fn group(n: u64) -> String {
 }
 
 /// The warnings the host logs while inspect runs: each trapped export, as
-/// "`<export>` failed, using the conservative answer: <why>".
+/// ``"`<export>` failed, using the conservative answer: <why>"``.
 #[derive(Clone, Default)]
 struct Warnings(Arc<Mutex<Vec<String>>>);
 
