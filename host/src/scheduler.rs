@@ -121,9 +121,17 @@ pub async fn run(
     let fuel = options.batch_fuel.map(BatchFuel::new);
     let ids: Vec<String> = uses.iter().map(|tool_use| tool_use.id.clone()).collect();
 
-    let (pool_ref, uses_ref, fuel_ref) = (&*pool, &uses, fuel.as_ref());
+    // Planning instantiates each call's sandbox: spread it over the workers
+    // too, keeping the batch's order.
     let planned: Vec<Result<Prepared, ToolResult>> = futures::stream::iter(0..uses.len())
-        .map(|index| async move { runner::prepare(pool_ref, &uses_ref[index], fuel_ref).await })
+        .map(|index| {
+            let (pool, tool_use, fuel) = (pool.clone(), uses[index].clone(), fuel.clone());
+            let id = tool_use.id.clone();
+            let task = tokio::spawn(async move { runner::prepare(&pool, &tool_use, fuel.as_ref()).await });
+            async move {
+                task.await.unwrap_or_else(|_| Err(ToolResult::error(id, "the host failed while planning this call")))
+            }
+        })
         .buffered(cap)
         .collect()
         .await;
@@ -141,7 +149,7 @@ pub async fn run(
         .map(|tool_use| pool.get(&tool_use.name).map_or_else(Threshold::default, |e| options.budget.threshold(e.tool.spec())))
         .collect();
     let budget = Budgeted { budget: &options.budget, thresholds: &thresholds };
-    let mut results = OrderedResults::new(uses.len());
+    let mut results = OrderedResults::new(ids.clone());
     for group in &groups {
         let calls: Vec<(usize, Result<Prepared, ToolResult>)> =
             group.calls.clone().map(|index| (index, planned[index].take().expect("each call runs once"))).collect();
@@ -200,9 +208,13 @@ impl Budgeted<'_> {
 /// context as it was when the group began; their modifiers are queued and
 /// applied after the group in the original order, so the final context does
 /// not depend on which call finished first.
+///
+/// Each call is a task of its own, so calls run in parallel on every worker
+/// thread, not only interleaved on one. Calls start in batch order as slots
+/// of the cap free up.
 #[expect(clippy::too_many_arguments, reason = "one group's share of the batch state")]
 async fn run_concurrently(
-    pool: &ToolPool,
+    pool: &Arc<ToolPool>,
     calls: Vec<(usize, Result<Prepared, ToolResult>)>,
     context: &mut Value,
     cap: usize,
@@ -214,18 +226,42 @@ async fn run_concurrently(
 ) {
     let snapshot = context.clone();
     let mut queued: Vec<Option<Value>> = vec![None; group.calls.len()];
-    let mut running = futures::stream::iter(calls)
-        .map(|(index, call)| {
-            let snapshot = snapshot.clone();
-            async move {
-                let (result, modifier) = run_one(pool, call, snapshot, events, interrupt).await;
-                (index, (budget.per_tool(index, result).await, modifier))
+    let slots = Arc::new(tokio::sync::Semaphore::new(cap));
+    let mut waiting = calls.into_iter();
+    let mut next = waiting.next();
+    let mut running = tokio::task::JoinSet::new();
+    let mut index_of = std::collections::HashMap::new();
+    loop {
+        tokio::select! {
+            // Start the next call as soon as a slot is free, in batch order.
+            permit = slots.clone().acquire_owned(), if next.is_some() => {
+                let permit = permit.expect("the semaphore is never closed");
+                let (index, call) = next.take().expect("guarded by the branch condition");
+                let (pool, events, interrupt) = (pool.clone(), events.clone(), interrupt.clone());
+                let (snapshot, budget, threshold) = (snapshot.clone(), budget.budget.clone(), budget.thresholds[index]);
+                let task = running.spawn(async move {
+                    let (result, modifier) = run_one(&pool, call, snapshot, &events, &interrupt).await;
+                    drop(permit);
+                    (budget.per_tool(result, threshold).await, modifier)
+                });
+                index_of.insert(task.id(), index);
+                next = waiting.next();
             }
-        })
-        .buffer_unordered(cap);
-    while let Some((index, (result, modifier))) = running.next().await {
-        queued[index - group.calls.start] = modifier;
-        results.finish(index, result, events);
+            Some(joined) = running.join_next_with_id() => {
+                let (index, result, modifier) = match joined {
+                    Ok((id, (result, modifier))) => (index_of[&id], result, modifier),
+                    // A call that panicked the host still gets its one result.
+                    Err(error) => {
+                        let index = index_of[&error.id()];
+                        let id = &results.ids[index];
+                        (index, ToolResult::error(id, "the host failed while running this call"), None)
+                    }
+                };
+                queued[index - group.calls.start] = modifier;
+                results.finish(index, result, events);
+            }
+            else => break,
+        }
     }
     for patch in queued.into_iter().flatten() {
         context::apply(context, &patch);
@@ -266,13 +302,14 @@ async fn run_one(
 /// Results as they finish, released in the batch's order: a finished call
 /// waits for the calls before it.
 struct OrderedResults {
+    ids: Vec<String>,
     slots: Vec<Option<ToolResult>>,
     released: usize,
 }
 
 impl OrderedResults {
-    fn new(calls: usize) -> Self {
-        OrderedResults { slots: vec![None; calls], released: 0 }
+    fn new(ids: Vec<String>) -> Self {
+        OrderedResults { slots: vec![None; ids.len()], ids, released: 0 }
     }
 
     fn finish(&mut self, index: usize, result: ToolResult, events: &Events) {
