@@ -127,9 +127,15 @@ pub async fn run(
         .map(|index| {
             let (pool, tool_use, fuel) = (pool.clone(), uses[index].clone(), fuel.clone());
             let id = tool_use.id.clone();
-            let task = tokio::spawn(async move { runner::prepare(&pool, &tool_use, fuel.as_ref()).await });
+            let alone = uses.len() == 1;
             async move {
-                task.await.unwrap_or_else(|_| Err(ToolResult::error(id, "the host failed while planning this call")))
+                let plan = async move { runner::prepare(&pool, &tool_use, fuel.as_ref()).await };
+                if alone {
+                    return plan.await;
+                }
+                tokio::spawn(plan)
+                    .await
+                    .unwrap_or_else(|_| Err(ToolResult::error(id, "the host failed while planning this call")))
             }
         })
         .buffered(cap)
@@ -153,7 +159,8 @@ pub async fn run(
     for group in &groups {
         let calls: Vec<(usize, Result<Prepared, ToolResult>)> =
             group.calls.clone().map(|index| (index, planned[index].take().expect("each call runs once"))).collect();
-        if group.concurrent {
+        // A run of one gains nothing from a task of its own.
+        if group.concurrent && group.calls.len() > 1 {
             run_concurrently(&pool, calls, &mut context, cap, &events, &interrupt, &mut results, group, &budget)
                 .await;
         } else {
