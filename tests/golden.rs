@@ -29,6 +29,7 @@ fn check(case: &Case) -> Result<(), Failed> {
         return Ok(());
     }
     case.compare(&produced).map_err(|diff| {
-        format!("{diff}\nto accept the new output: KEEL_BLESS=1 cargo test -p keel-tests --test golden").into()
+        format!("{diff}\nto accept the new output: KEEL_BLESS=1 cargo test -p keel-tests --test golden")
+            .into()
     })
 }

@@ -86,7 +86,11 @@ fn median(mut samples: Vec<f64>) -> f64 {
 }
 
 fn runtime(workers: usize) -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread().worker_threads(workers).enable_all().build().expect("a tokio runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
 }
 
 fn cores() -> usize {
@@ -212,7 +216,9 @@ pub fn batch_speedup(options: &BenchOptions) -> Result<Figure> {
     let host = rt.block_on(echo_host(options, workspace.path()))?;
     let (calls, rounds) = (options.scale(100, 20), options.scale(20_000, 2_000));
     let uses: Vec<ToolUse> = (0..calls)
-        .map(|i| ToolUse::new(format!("toolu_{i}"), "hash", json!({ "text": format!("{i}"), "rounds": rounds })))
+        .map(|i| {
+            ToolUse::new(format!("toolu_{i}"), "hash", json!({ "text": format!("{i}"), "rounds": rounds }))
+        })
         .collect();
     let (serial, parallel) = rt.block_on(async {
         let started = Instant::now();
@@ -242,8 +248,10 @@ pub fn startup(options: &BenchOptions) -> Result<Figure> {
     let rt = runtime(cores());
     let start = |cache: Option<PathBuf>| {
         let started = Instant::now();
-        rt.block_on(Host::builder().workspace(plugins.path()).plugins(plugins.path()).cache_dir(cache).build())
-            .map(|_| started.elapsed().as_secs_f64() * 1e3)
+        rt.block_on(
+            Host::builder().workspace(plugins.path()).plugins(plugins.path()).cache_dir(cache).build(),
+        )
+        .map(|_| started.elapsed().as_secs_f64() * 1e3)
     };
     let cold = start(Some(cache.path().to_path_buf()))?;
     let warm: Vec<f64> =
@@ -290,7 +298,8 @@ pub fn budgets(options: &BenchOptions) -> Result<Figure> {
     let rt = runtime(1);
     let (mut keel, mut plain) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        let session = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+        let session =
+            tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
         let budget = Budget::new(&BudgetConfig::default(), session.path());
         let mut results: Vec<ToolResult> =
             (0..10).map(|i| ToolResult::ok(format!("toolu_{i}"), content.clone())).collect();
@@ -336,17 +345,44 @@ fn resident_kib() -> u64 {
         .map_or(0, |pages| pages * 4)
 }
 
-/// Every figure, in order, each as it is measured.
-pub fn all(options: &BenchOptions, mut report: impl FnMut(Figure)) -> Result<()> {
+/// The figures, by the first word of their name.
+pub const FIGURES: &[&str] = &[
+    "per_call_overhead",
+    "throughput",
+    "batch_speedup",
+    "startup_50_plugins",
+    "tool_work_hash_10mb",
+    "budget_per_message_10x1mb",
+    "memory_rss",
+];
+
+/// Every figure whose name starts with `only` (all when `None`), in order,
+/// each as it is measured.
+pub fn all(options: &BenchOptions, only: Option<&str>, mut report: impl FnMut(Figure)) -> Result<()> {
+    let wanted = |name: &str| only.is_none_or(|prefix| name.starts_with(prefix));
     let start = Instant::now();
-    report(per_call(options)?);
-    report(throughput(options, 1)?);
-    report(throughput(options, cores())?);
-    report(batch_speedup(options)?);
-    report(startup(options)?);
-    report(tool_work(options)?);
-    report(budgets(options)?);
-    report(memory(options)?);
+    if wanted("per_call_overhead") {
+        report(per_call(options)?);
+    }
+    if wanted("throughput") {
+        report(throughput(options, 1)?);
+        report(throughput(options, cores())?);
+    }
+    if wanted("batch_speedup") {
+        report(batch_speedup(options)?);
+    }
+    if wanted("startup_50_plugins") {
+        report(startup(options)?);
+    }
+    if wanted("tool_work_hash_10mb") {
+        report(tool_work(options)?);
+    }
+    if wanted("budget_per_message_10x1mb") {
+        report(budgets(options)?);
+    }
+    if wanted("memory_rss") {
+        report(memory(options)?);
+    }
     tracing::debug!("benchmarks took {:?}", start.elapsed());
     Ok(())
 }

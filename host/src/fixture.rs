@@ -104,7 +104,8 @@ impl Case {
         let max_input = config.limits.apply(crate::limits::Limits::default()).input;
         let uses = parse_batch_bytes(&bytes, &batch_path.display().to_string(), max_input)?;
         let driver = self.driver()?;
-        let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+        let workspace =
+            tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
         let source = self.dir.join("workspace");
         if source.is_dir() {
             copy_tree(&source, workspace.path())?;
@@ -123,7 +124,8 @@ impl Case {
         let interrupter = run.interrupter();
         let mut events = Vec::new();
         while let Some(event) = run.next_event().await {
-            if let (Some(target), Event::Progress { tool_use_id, .. }) = (&driver.interrupt_on_progress, &event)
+            if let (Some(target), Event::Progress { tool_use_id, .. }) =
+                (&driver.interrupt_on_progress, &event)
                 && target == tool_use_id
             {
                 interrupter.interrupt();
@@ -185,7 +187,9 @@ pub fn normalize(events: &[Event]) -> Vec<Event> {
     let groups: Vec<Vec<String>> = events
         .iter()
         .find_map(|event| match event {
-            Event::BatchPlan { batches } => Some(batches.iter().map(|group| group.tool_use_ids.clone()).collect()),
+            Event::BatchPlan { batches } => {
+                Some(batches.iter().map(|group| group.tool_use_ids.clone()).collect())
+            }
             _ => None,
         })
         .unwrap_or_default();
@@ -202,9 +206,12 @@ pub fn normalize(events: &[Event]) -> Vec<Event> {
     for id in groups.iter().flatten() {
         ordered.extend(call_events(events, id, Stage::Replaced));
     }
-    ordered.extend(events.iter().filter(|event| {
-        event.tool_use_id().is_none() && !matches!(event, Event::BatchPlan { .. })
-    }).cloned());
+    ordered.extend(
+        events
+            .iter()
+            .filter(|event| event.tool_use_id().is_none() && !matches!(event, Event::BatchPlan { .. }))
+            .cloned(),
+    );
     ordered
 }
 

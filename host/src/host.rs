@@ -8,22 +8,22 @@ use serde_json::Value;
 use crate::batch::{ToolResult, ToolUse};
 use crate::budget::Budget;
 use crate::budget::Threshold;
-use crate::ledger::Ledger;
-use crate::summary::{DefaultSummarizer, Summarizer};
-use crate::events::Event;
 use crate::builtin;
 use crate::config::Config;
 use crate::context;
 use crate::engine::{Runtime, default_cache_dir};
 use crate::error::{Error, Result};
+use crate::events::Event;
 use crate::grants::Grants;
+use crate::ledger::Ledger;
 use crate::limits::BatchFuel;
 use crate::limits::Limits;
-use crate::plugin::{LoadReport, PluginTool, plugin_files};
 use crate::permissions::{Permissions, Prompter};
+use crate::plugin::{LoadReport, PluginTool, plugin_files};
 use crate::pool::{PoolOptions, ToolPool};
 use crate::runner::{self, Prepared};
 use crate::scheduler::{self, BatchOutcome, Interrupt, RunOptions};
+use crate::summary::{DefaultSummarizer, Summarizer};
 use crate::tool::{CallContext, Tool};
 
 /// Where a session's persisted results go by default, inside the workspace.
@@ -260,8 +260,21 @@ impl Host {
     }
 
     /// Run a batch from a fresh context and wait for its outcome.
+    ///
+    /// It runs in the caller's task rather than a task of its own: nobody
+    /// reads its events, and a hop to another thread and back would cost
+    /// more than a small call itself.
     pub async fn run_batch(&self, uses: &[ToolUse]) -> BatchOutcome {
-        self.start_batch(uses.to_vec(), context::initial()).finish().await
+        let (sender, _) = tokio::sync::mpsc::unbounded_channel();
+        let run = scheduler::run(
+            self.pool.clone(),
+            uses.to_vec(),
+            context::initial(),
+            self.options.clone(),
+            sender,
+            Interrupt::new(),
+        );
+        run.await
     }
 
     /// Plan one call on its own, as a batch plans each of its calls: resolve

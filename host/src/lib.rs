@@ -59,6 +59,6 @@ pub use bindings::CONTRACT_VERSION;
 pub use error::{Error, Result};
 pub use events::Event;
 pub use host::{BatchRun, Host, HostBuilder, PlannedCall};
-pub use scheduler::{BatchOutcome, Interrupt};
 pub use limits::Limits;
+pub use scheduler::{BatchOutcome, Interrupt};
 pub use tool::{Invocation, Tool, ToolSpec};

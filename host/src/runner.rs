@@ -32,16 +32,23 @@ pub struct Prepared {
 
 /// Plan one call: resolve it, check its input against the schema, and ask
 /// whether it is concurrency-safe. An `Err` is the call's result.
-pub async fn prepare(pool: &ToolPool, tool_use: &ToolUse, fuel: Option<&BatchFuel>) -> Result<Prepared, ToolResult> {
+pub async fn prepare(
+    pool: &ToolPool,
+    tool_use: &ToolUse,
+    fuel: Option<&BatchFuel>,
+) -> Result<Prepared, ToolResult> {
     let fail = |message: String| ToolResult::error(&tool_use.id, message);
     let Some(entry) = pool.get(&tool_use.name) else {
         return Err(fail(unknown_tool(pool, &tool_use.name)));
     };
     let spec = entry.tool.spec();
-    let input =
-        tool_use.input.as_ref().map_err(|reason| fail(format!("Invalid input for {}: {reason}", spec.name)))?;
+    let input = tool_use
+        .input
+        .as_ref()
+        .map_err(|reason| fail(format!("Invalid input for {}: {reason}", spec.name)))?;
     check_schema(entry, input).map_err(&fail)?;
-    let mut invocation = entry.tool.invoke(input.clone()).await.map_err(|error| fail(call_failed(&spec.name, &error)))?;
+    let mut invocation =
+        entry.tool.invoke(input.clone()).await.map_err(|error| fail(call_failed(&spec.name, &error)))?;
     if let Some(fuel) = fuel {
         invocation.share_batch_fuel(fuel.clone());
     }
@@ -70,7 +77,12 @@ impl Prepared {
     /// check (only when validation passed) and the host's rules, then the
     /// call itself. An interrupt stops a `cancel` call; a `block` call runs
     /// to its end.
-    pub async fn run(mut self, pool: &ToolPool, cx: CallContext, interrupt: &Interrupt) -> (ToolResult, Option<Value>) {
+    pub async fn run(
+        mut self,
+        pool: &ToolPool,
+        cx: CallContext,
+        interrupt: &Interrupt,
+    ) -> (ToolResult, Option<Value>) {
         let fail = |message: String| (ToolResult::error(&self.id, message), None);
         let name = self.name.clone();
         if let Err(reason) = self.invocation.validate_input().await {
@@ -86,7 +98,9 @@ impl Prepared {
                 self.invocation.set_input(updated);
                 None
             }
-            PermissionDecision::Deny(message) => return fail(format!("Permission to use {name} denied: {message}")),
+            PermissionDecision::Deny(message) => {
+                return fail(format!("Permission to use {name} denied: {message}"));
+            }
             PermissionDecision::Ask(message) => Some(message),
         };
         if let Err(message) = authorize(pool, &name, &mut *self.invocation, tool_asks, interrupt).await {

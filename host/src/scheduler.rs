@@ -13,13 +13,13 @@ use tokio_util::sync::CancellationToken;
 use crate::batch::{ToolResult, ToolUse};
 use crate::budget::{Budget, Threshold};
 use crate::context;
-use crate::ledger::Ledger;
-use crate::summary::{self, Summarizer, SummaryCall};
 use crate::events::{Event, PlannedGroup};
+use crate::ledger::Ledger;
 use crate::limits::BatchFuel;
 use crate::partition::{Group, partition};
 use crate::pool::ToolPool;
 use crate::runner::{self, NOT_STARTED, Prepared};
+use crate::summary::{self, Summarizer, SummaryCall};
 use crate::tool::CallContext;
 
 /// The default concurrency cap, and what a non-numeric or zero setting means.
@@ -133,15 +133,16 @@ pub async fn run(
                 if alone {
                     return plan.await;
                 }
-                tokio::spawn(plan)
-                    .await
-                    .unwrap_or_else(|_| Err(ToolResult::error(id, "the host failed while planning this call")))
+                tokio::spawn(plan).await.unwrap_or_else(|_| {
+                    Err(ToolResult::error(id, "the host failed while planning this call"))
+                })
             }
         })
         .buffered(cap)
         .collect()
         .await;
-    let safe: Vec<bool> = planned.iter().map(|call| matches!(call, Ok(call) if call.concurrency_safe)).collect();
+    let safe: Vec<bool> =
+        planned.iter().map(|call| matches!(call, Ok(call) if call.concurrency_safe)).collect();
     let groups = partition(&safe);
     let batches = groups.iter().map(|group| PlannedGroup::new(group, &ids)).collect();
     emit(&events, Event::BatchPlan { batches });
@@ -152,17 +153,33 @@ pub async fn run(
     }
     let thresholds: Vec<Threshold> = uses
         .iter()
-        .map(|tool_use| pool.get(&tool_use.name).map_or_else(Threshold::default, |e| options.budget.threshold(e.tool.spec())))
+        .map(|tool_use| {
+            pool.get(&tool_use.name)
+                .map_or_else(Threshold::default, |e| options.budget.threshold(e.tool.spec()))
+        })
         .collect();
     let budget = Budgeted { budget: &options.budget, thresholds: &thresholds };
     let mut results = OrderedResults::new(ids.clone());
     for group in &groups {
-        let calls: Vec<(usize, Result<Prepared, ToolResult>)> =
-            group.calls.clone().map(|index| (index, planned[index].take().expect("each call runs once"))).collect();
+        let calls: Vec<(usize, Result<Prepared, ToolResult>)> = group
+            .calls
+            .clone()
+            .map(|index| (index, planned[index].take().expect("each call runs once")))
+            .collect();
         // A run of one gains nothing from a task of its own.
         if group.concurrent && group.calls.len() > 1 {
-            run_concurrently(&pool, calls, &mut context, cap, &events, &interrupt, &mut results, group, &budget)
-                .await;
+            run_concurrently(
+                &pool,
+                calls,
+                &mut context,
+                cap,
+                &events,
+                &interrupt,
+                &mut results,
+                group,
+                &budget,
+            )
+            .await;
         } else {
             for (index, call) in calls {
                 let (result, modifier) = run_one(&pool, call, context.clone(), &events, &interrupt).await;
@@ -185,11 +202,19 @@ pub async fn run(
         }
     }
     let errors = results.iter().filter(|result| result.is_error).count();
-    emit(&events, Event::BatchFinished { calls: results.len(), errors, interrupted: interrupt.is_interrupted() });
+    emit(
+        &events,
+        Event::BatchFinished { calls: results.len(), errors, interrupted: interrupt.is_interrupted() },
+    );
 
     // Off the critical path: the outcome is handed back now, and the label
-    // follows as an event whenever (and if ever) it is ready.
-    let calls = uses.iter().zip(&results).map(|(tool_use, result)| SummaryCall::new(tool_use, result)).collect();
+    // follows as an event whenever (and if ever) it is ready. Nobody
+    // listening, nothing to label.
+    if events.is_closed() {
+        return BatchOutcome { results, context };
+    }
+    let calls =
+        uses.iter().zip(&results).map(|(tool_use, result)| SummaryCall::new(tool_use, result)).collect();
     let labelling = summary::spawn(options.summarizer.clone(), calls, summary::DEFAULT_SUMMARY_TIMEOUT);
     tokio::spawn(async move {
         if let Ok(Some(summary)) = labelling.await {
@@ -291,7 +316,9 @@ async fn run_one(
         return (ToolResult::error(&call.id, NOT_STARTED), None);
     }
     let id = call.id.clone();
-    let activity = call.activity().await;
+    // Only an event reader shows the activity: without one, spare the guest
+    // the question.
+    let activity = if events.is_closed() { None } else { call.activity().await };
     emit(events, Event::CallStarted { tool_use_id: id.clone(), tool: call.name.clone(), activity });
     let progress_events = events.clone();
     let progress_id = id.clone();

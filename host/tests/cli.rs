@@ -74,7 +74,8 @@ fn bench_quick_prints_one_json_figure_per_line() {
     let output = keel(&["bench", "--quick", "--json"], dir.path(), "");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let stdout = String::from_utf8(output.stdout).unwrap();
-    let figures: Vec<serde_json::Value> = stdout.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
+    let figures: Vec<serde_json::Value> =
+        stdout.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
     let names: Vec<&str> =
         figures.iter().map(|f| f["name"].as_str().unwrap().split(' ').next().unwrap()).collect();
     let all_workers = format!("throughput_{}_workers", std::thread::available_parallelism().unwrap());

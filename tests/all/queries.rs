@@ -28,7 +28,8 @@ fn a_trap_in_is_concurrency_safe_answers_false_and_the_call_still_runs() {
         let healthy = prepare(host.pool(), &trapping("healthy", &[]), None).await.unwrap();
         assert!(healthy.concurrency_safe, "the guest's own answer is true");
 
-        let trapped = prepare(host.pool(), &trapping("trapped", &["is_concurrency_safe"]), None).await.unwrap();
+        let trapped =
+            prepare(host.pool(), &trapping("trapped", &["is_concurrency_safe"]), None).await.unwrap();
         assert!(!trapped.concurrency_safe, "a trap falls back to false");
         let cx = keel_host::tool::CallContext::new(keel_host::context::initial());
         let (result, _) = trapped.run(host.pool(), cx, &keel_host::Interrupt::new()).await;

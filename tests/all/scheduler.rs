@@ -90,8 +90,10 @@ fn an_unsafe_call_runs_alone_between_safe_runs() {
 #[test]
 fn progress_arrives_before_the_call_finishes() {
     let workspace = tempfile::tempdir().unwrap();
-    let builder =
-        Host::builder().workspace(workspace.path()).plugins(guest("keel_tool_sleep")).cache_dir(Some(shared_cache()));
+    let builder = Host::builder()
+        .workspace(workspace.path())
+        .plugins(guest("keel_tool_sleep"))
+        .cache_dir(Some(shared_cache()));
     let host = block_on(builder.build()).unwrap();
     let (events, _, _) = events_of(&host, vec![ToolUse::new("s", "sleep", json!({ "ms": 60, "steps": 3 }))]);
     let kinds: Vec<String> = events
@@ -188,8 +190,11 @@ fn queued_modifiers_apply_in_block_order_whatever_the_finishing_order() {
     let builder = Host::builder().workspace(workspace.path()).builtins(false).tool(Arc::new(Marker));
     let host = block_on(builder.build()).unwrap();
     // The first call sleeps longest: the calls finish in reverse order.
-    let uses: Vec<ToolUse> =
-        [90, 60, 30, 1].iter().enumerate().map(|(i, ms)| ToolUse::new(format!("m{i}"), "marker", json!({ "ms": ms }))).collect();
+    let uses: Vec<ToolUse> = [90, 60, 30, 1]
+        .iter()
+        .enumerate()
+        .map(|(i, ms)| ToolUse::new(format!("m{i}"), "marker", json!({ "ms": ms })))
+        .collect();
     let (events, results, context) = events_of(&host, uses);
     let finished: Vec<&str> = events
         .iter()
@@ -218,11 +223,14 @@ fn queued_modifiers_apply_in_block_order_whatever_the_finishing_order() {
 #[test]
 fn an_interrupt_before_anything_starts_gives_every_call_an_interrupted_result() {
     let workspace = tempfile::tempdir().unwrap();
-    let builder =
-        Host::builder().workspace(workspace.path()).plugins(guest("keel_tool_sleep")).cache_dir(Some(shared_cache()));
+    let builder = Host::builder()
+        .workspace(workspace.path())
+        .plugins(guest("keel_tool_sleep"))
+        .cache_dir(Some(shared_cache()));
     let host = block_on(builder.build()).unwrap();
     let results = block_on(async {
-        let uses = vec![ToolUse::new("a", "sleep", json!({ "ms": 10 })), ToolUse::new("b", "nope", json!({}))];
+        let uses =
+            vec![ToolUse::new("a", "sleep", json!({ "ms": 10 })), ToolUse::new("b", "nope", json!({}))];
         let run = host.start_batch(uses, keel_host::context::initial());
         run.interrupter().interrupt();
         run.finish().await.results

@@ -91,7 +91,12 @@ fn a_thousand_calls_with_hostile_ones_mixed_in() {
                 assert_eq!((result.content.as_str(), result.is_error), (expected.as_str(), false));
             } else {
                 assert!(result.is_error, "{}: {}", tool_use.id, result.content);
-                assert!(result.content.starts_with("hostile failed: "), "{}: {}", tool_use.id, result.content);
+                assert!(
+                    result.content.starts_with("hostile failed: "),
+                    "{}: {}",
+                    tool_use.id,
+                    result.content
+                );
             }
         }
         if batch == 0 {

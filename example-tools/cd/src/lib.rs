@@ -46,7 +46,8 @@ impl Tool for Cd {
         }
         let cwd = target.display().to_string();
         let shown = cwd.strip_prefix(WORKSPACE_MOUNT).filter(|rest| !rest.is_empty()).unwrap_or("/");
-        Ok(Output::text(format!("Working directory is now {shown}")).with_context_modifier(json!({ "cwd": cwd })))
+        Ok(Output::text(format!("Working directory is now {shown}"))
+            .with_context_modifier(json!({ "cwd": cwd })))
     }
 }
 

@@ -116,9 +116,15 @@ mod tests {
     #[test]
     fn wants_exactly_one_source_and_sane_rounds() {
         let both = Input { text: Some("a".into()), file_path: Some("b".into()), rounds: None };
-        assert_eq!(Hash::validate_input(&both).unwrap_err().message(), "give either `text` or `file_path`, not both");
+        assert_eq!(
+            Hash::validate_input(&both).unwrap_err().message(),
+            "give either `text` or `file_path`, not both"
+        );
         let none = Input { text: None, file_path: None, rounds: None };
         assert_eq!(Hash::validate_input(&none).unwrap_err().message(), "give `text` or `file_path`");
-        assert_eq!(Hash::validate_input(&text("a", Some(0))).unwrap_err().message(), "`rounds` must be at least 1");
+        assert_eq!(
+            Hash::validate_input(&text("a", Some(0))).unwrap_err().message(),
+            "`rounds` must be at least 1"
+        );
     }
 }

@@ -20,6 +20,9 @@ pub struct BenchArgs {
     /// Default: the tools bundled with this build.
     #[arg(long, value_name = "DIR")]
     tools: Option<PathBuf>,
+    /// Only the figures whose name starts with this, such as `throughput`.
+    #[arg(long, value_name = "NAME")]
+    only: Option<String>,
 }
 
 /// Measure every figure and print it as it is measured.
@@ -36,8 +39,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         println!("{:<58} {:>12} {:>12}  {:<8} {:>7}  target", "figure", "keel", "baseline", "unit", "ratio");
     }
     let mut stdout = std::io::stdout();
-    bench::all(&options, |figure| {
-        let line = if args.json { serde_json::to_string(&figure).expect("figures serialize") } else { table_row(&figure) };
+    if let Some(only) = &args.only
+        && !bench::FIGURES.iter().any(|name| name.starts_with(only.as_str()))
+    {
+        anyhow::bail!("no figure is named {only}; the figures: {}", bench::FIGURES.join(", "));
+    }
+    bench::all(&options, args.only.as_deref(), |figure| {
+        let line = if args.json {
+            serde_json::to_string(&figure).expect("figures serialize")
+        } else {
+            table_row(&figure)
+        };
         let _ = writeln!(stdout, "{line}");
         let _ = stdout.flush();
     })?;
