@@ -74,28 +74,38 @@ fn every_step_fails_with_its_own_message_in_order() {
 }
 
 /// Log lines written while `f` runs on this thread.
+///
+/// One global subscriber writes every thread's lines into that thread's own
+/// buffer. A scoped (`with_default`) subscriber would be simpler, but
+/// tracing caches each call site's interest across threads, and a test on
+/// another thread with no subscriber can make it skip ours.
 fn logs_of<T>(f: impl FnOnce() -> T) -> (T, String) {
-    #[derive(Clone, Default)]
-    struct Lines(Arc<Mutex<Vec<u8>>>);
-    impl Write for Lines {
+    thread_local! {
+        static CAPTURED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+    struct ThisThread;
+    impl Write for ThisThread {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(bytes);
+            CAPTURED.with(|captured| captured.borrow_mut().extend_from_slice(bytes));
             Ok(bytes.len())
         }
         fn flush(&mut self) -> std::io::Result<()> {
             Ok(())
         }
     }
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .without_time()
-        .with_max_level(tracing::Level::INFO)
-        .finish();
-    let value = tracing::subscriber::with_default(subscriber, f);
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(|| ThisThread)
+            .with_ansi(false)
+            .without_time()
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("no other global subscriber in the tests");
+    });
+    CAPTURED.with(|captured| captured.borrow_mut().clear());
+    let value = f();
+    let text = CAPTURED.with(|captured| String::from_utf8(captured.borrow().clone()).unwrap());
     (value, text)
 }
 
