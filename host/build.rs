@@ -7,16 +7,6 @@
 #[path = "build/guests.rs"]
 mod guests;
 
-/// The tools shipped with the host, with their directories in the workspace.
-const BUNDLED_TOOLS: &[(&str, &str)] = &[
-    ("keel-tool-cd", "example-tools/cd"),
-    ("keel-tool-echo", "example-tools/echo"),
-    ("keel-tool-grep", "example-tools/grep"),
-    ("keel-tool-hash", "example-tools/hash"),
-    ("keel-tool-sleep", "example-tools/sleep"),
-    ("keel-tool-write-file", "example-tools/write_file"),
-];
-
 fn main() {
     println!("cargo:rerun-if-env-changed=KEEL_SKIP_GUEST_BUILD");
     // The tests build their hostile guests into the same directory; the
@@ -24,9 +14,9 @@ fn main() {
     // `--plugins` loads exactly these and never a test guest.
     let bundled = guests::components_dir().join("bundled");
     if std::env::var_os("KEEL_SKIP_GUEST_BUILD").is_none() {
-        let built = guests::build(BUNDLED_TOOLS);
+        let built = guests::build(guests::EXAMPLE_TOOLS);
         std::fs::create_dir_all(&bundled).expect("failed to create the bundled tools directory");
-        for (package, _) in BUNDLED_TOOLS {
+        for (package, _) in guests::EXAMPLE_TOOLS {
             let file = format!("{}.wasm", package.replace('-', "_"));
             std::fs::copy(built.join(&file), bundled.join(&file))
                 .unwrap_or_else(|error| panic!("failed to copy {file} to {}: {error}", bundled.display()));

@@ -4,14 +4,9 @@
 #[path = "../host/build/guests.rs"]
 mod guests;
 
-/// The guests the tests load, with their directories in the workspace.
+/// The hostile and probing guests the tests load beside the example tools,
+/// with their directories in the workspace.
 const TEST_GUESTS: &[(&str, &str)] = &[
-    ("keel-tool-cd", "example-tools/cd"),
-    ("keel-tool-echo", "example-tools/echo"),
-    ("keel-tool-grep", "example-tools/grep"),
-    ("keel-tool-hash", "example-tools/hash"),
-    ("keel-tool-sleep", "example-tools/sleep"),
-    ("keel-tool-write-file", "example-tools/write_file"),
     ("keel-guest-trap-queries", "tests/guests/trap-queries"),
     ("keel-guest-probe", "tests/guests/probe"),
     ("keel-guest-hostile", "tests/guests/hostile"),
@@ -19,6 +14,7 @@ const TEST_GUESTS: &[(&str, &str)] = &[
 ];
 
 fn main() {
-    let dir = guests::build(TEST_GUESTS);
+    let all: Vec<(&str, &str)> = guests::EXAMPLE_TOOLS.iter().chain(TEST_GUESTS).copied().collect();
+    let dir = guests::build(&all);
     println!("cargo:rustc-env=KEEL_TEST_GUESTS_DIR={}", dir.display());
 }

@@ -15,6 +15,17 @@ use std::env;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// The example tools: what `keel` bundles, and what the tests load beside
+/// their own guests.
+pub const EXAMPLE_TOOLS: &[(&str, &str)] = &[
+    ("keel-tool-cd", "example-tools/cd"),
+    ("keel-tool-echo", "example-tools/echo"),
+    ("keel-tool-grep", "example-tools/grep"),
+    ("keel-tool-hash", "example-tools/hash"),
+    ("keel-tool-sleep", "example-tools/sleep"),
+    ("keel-tool-write-file", "example-tools/write_file"),
+];
+
 /// The target the guests are built for.
 const TARGET: &str = "wasm32-wasip2";
 

@@ -17,7 +17,8 @@ mod soak;
 
 use std::path::{Path, PathBuf};
 
-use keel_host::{Host, HostBuilder};
+use keel_host::{Event, Host, HostBuilder, ToolResult, ToolUse};
+use serde_json::Value;
 
 /// Where `build.rs` put the example tools and the test guests.
 pub fn guest(name: &str) -> PathBuf {
@@ -26,14 +27,48 @@ pub fn guest(name: &str) -> PathBuf {
     path
 }
 
-/// A host over `workspace` with the two example tools, sharing one compile
+/// A host over `workspace` with the `guests` named, sharing one compile
 /// cache across the test run so each guest is compiled once.
-pub fn example_host(workspace: &Path) -> HostBuilder {
-    Host::builder()
-        .workspace(workspace)
-        .plugins(guest("keel_tool_grep"))
-        .plugins(guest("keel_tool_write_file"))
+pub fn host_of(workspace: &Path, guests: &[&str]) -> HostBuilder {
+    guests
+        .iter()
+        .fold(Host::builder().workspace(workspace), |builder, name| builder.plugins(guest(name)))
         .cache_dir(Some(shared_cache()))
+}
+
+/// A host over `workspace` with the two example tools grep and write_file.
+pub fn example_host(workspace: &Path) -> HostBuilder {
+    host_of(workspace, &["keel_tool_grep", "keel_tool_write_file"])
+}
+
+/// Run `uses` from a fresh context, reading every event: the events, the
+/// results and the final context.
+pub fn events_of(host: &Host, uses: Vec<ToolUse>) -> (Vec<Event>, Vec<ToolResult>, Value) {
+    block_on(async {
+        let mut run = host.start_batch(uses, keel_host::context::initial());
+        let mut events = Vec::new();
+        while let Some(event) = run.next_event().await {
+            events.push(event);
+        }
+        let outcome = run.finish().await;
+        (events, outcome.results, outcome.context)
+    })
+}
+
+/// The most calls in flight at once, from the order of start and finish events.
+pub fn most_in_flight(events: &[Event]) -> usize {
+    let (mut now, mut most) = (0usize, 0usize);
+    for event in events {
+        match event {
+            Event::CallStarted { .. } => {
+                now += 1;
+                most = most.max(now);
+            }
+            Event::CallFinished { .. } => now -= 1,
+            _ => {}
+        }
+    }
+    most
 }
 
 /// The compile cache shared by the tests of one run.

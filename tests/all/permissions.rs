@@ -11,7 +11,7 @@ use keel_host::permissions::{Approval, ApprovalRequest, Prompter};
 use keel_host::{Event, Host, HostBuilder, ToolResult, ToolUse};
 use serde_json::{Value, json};
 
-use crate::{block_on, guest, shared_cache};
+use crate::{block_on, events_of, guest, shared_cache};
 
 /// A host over a fresh workspace with `probe` and `write_file`, configured
 /// by `keel_toml`.
@@ -133,15 +133,7 @@ fn check_permissions_is_not_called_when_validation_fails() {
 fn the_checks_are_reported_as_progress_in_the_order_they_ran() {
     let (_workspace, builder) = host_with("[permissions]\nallow = [\"probe(docs/*)\"]\n");
     let host = block_on(builder.build()).unwrap();
-    let events = block_on(async {
-        let mut run =
-            host.start_batch(vec![probe("p", json!({ "subject": "docs/a" }))], keel_host::context::initial());
-        let mut events = Vec::new();
-        while let Some(event) = run.next_event().await {
-            events.push(event);
-        }
-        events
-    });
+    let (events, _, _) = events_of(&host, vec![probe("p", json!({ "subject": "docs/a" }))]);
     let progress: Vec<&Value> = events
         .iter()
         .filter_map(|event| match event {

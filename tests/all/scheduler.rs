@@ -12,45 +12,13 @@ use keel_host::tool::{
 use keel_host::{Event, Host, ToolResult, ToolUse};
 use serde_json::{Value, json};
 
-use crate::{block_on, guest, shared_cache};
-
-fn events_of(host: &Host, uses: Vec<ToolUse>) -> (Vec<Event>, Vec<ToolResult>, Value) {
-    block_on(async {
-        let mut run = host.start_batch(uses, keel_host::context::initial());
-        let mut events = Vec::new();
-        while let Some(event) = run.next_event().await {
-            events.push(event);
-        }
-        let outcome = run.finish().await;
-        (events, outcome.results, outcome.context)
-    })
-}
-
-/// The most calls in flight at once, from the order of start and finish events.
-fn most_in_flight(events: &[Event]) -> usize {
-    let (mut now, mut most) = (0usize, 0usize);
-    for event in events {
-        match event {
-            Event::CallStarted { .. } => {
-                now += 1;
-                most = most.max(now);
-            }
-            Event::CallFinished { .. } => now -= 1,
-            _ => {}
-        }
-    }
-    most
-}
+use crate::{block_on, events_of, host_of, most_in_flight};
 
 #[test]
 fn safe_calls_overlap_and_never_exceed_the_cap() {
     let workspace = tempfile::tempdir().unwrap();
     let config = Config { max_tool_use_concurrency: Some(3), ..Config::default() };
-    let builder = Host::builder()
-        .workspace(workspace.path())
-        .plugins(guest("keel_tool_sleep"))
-        .cache_dir(Some(shared_cache()))
-        .config(config);
+    let builder = host_of(workspace.path(), &["keel_tool_sleep"]).config(config);
     let host = block_on(builder.build()).unwrap();
     assert_eq!(host.max_tool_use_concurrency(), 3);
     let uses = (0..12).map(|i| ToolUse::new(format!("s{i:02}"), "sleep", json!({ "ms": 40 }))).collect();
@@ -64,11 +32,7 @@ fn safe_calls_overlap_and_never_exceed_the_cap() {
 #[test]
 fn an_unsafe_call_runs_alone_between_safe_runs() {
     let workspace = tempfile::tempdir().unwrap();
-    let builder = Host::builder()
-        .workspace(workspace.path())
-        .plugins(guest("keel_tool_sleep"))
-        .plugins(guest("keel_tool_write_file"))
-        .cache_dir(Some(shared_cache()));
+    let builder = host_of(workspace.path(), &["keel_tool_sleep", "keel_tool_write_file"]);
     let host = block_on(builder.build()).unwrap();
     let sleep = |id: &str| ToolUse::new(id, "sleep", json!({ "ms": 30 }));
     let write = ToolUse::new("w", "write_file", json!({ "file_path": "f", "content": "x" }));
@@ -90,10 +54,7 @@ fn an_unsafe_call_runs_alone_between_safe_runs() {
 #[test]
 fn progress_arrives_before_the_call_finishes() {
     let workspace = tempfile::tempdir().unwrap();
-    let builder = Host::builder()
-        .workspace(workspace.path())
-        .plugins(guest("keel_tool_sleep"))
-        .cache_dir(Some(shared_cache()));
+    let builder = host_of(workspace.path(), &["keel_tool_sleep"]);
     let host = block_on(builder.build()).unwrap();
     let (events, _, _) = events_of(&host, vec![ToolUse::new("s", "sleep", json!({ "ms": 60, "steps": 3 }))]);
     let kinds: Vec<String> = events
@@ -223,10 +184,7 @@ fn queued_modifiers_apply_in_block_order_whatever_the_finishing_order() {
 #[test]
 fn an_interrupt_before_anything_starts_gives_every_call_an_interrupted_result() {
     let workspace = tempfile::tempdir().unwrap();
-    let builder = Host::builder()
-        .workspace(workspace.path())
-        .plugins(guest("keel_tool_sleep"))
-        .cache_dir(Some(shared_cache()));
+    let builder = host_of(workspace.path(), &["keel_tool_sleep"]);
     let host = block_on(builder.build()).unwrap();
     let results = block_on(async {
         let uses =

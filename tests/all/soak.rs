@@ -4,11 +4,11 @@
 //! must hold, and memory must come back down.
 
 use keel_host::config::{Config, LimitsConfig};
-use keel_host::{Event, Host, ToolUse};
+use keel_host::ToolUse;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
-use crate::{block_on, guest, shared_cache};
+use crate::{block_on, events_of, host_of, most_in_flight};
 
 const BATCHES: usize = 20;
 const CALLS_PER_BATCH: usize = 50;
@@ -36,12 +36,7 @@ fn a_thousand_calls_with_hostile_ones_mixed_in() {
     let workspace = tempfile::tempdir().unwrap();
     let limits = LimitsConfig { fuel: Some(200_000_000), memory_mib: Some(64), ..LimitsConfig::default() };
     let config = Config { max_tool_use_concurrency: Some(CAP), limits, ..Config::default() };
-    let builder = Host::builder()
-        .workspace(workspace.path())
-        .plugins(guest("keel_tool_hash"))
-        .plugins(guest("keel_guest_hostile"))
-        .cache_dir(Some(shared_cache()))
-        .config(config);
+    let builder = host_of(workspace.path(), &["keel_tool_hash", "keel_guest_hostile"]).config(config);
     let host = block_on(builder.build()).unwrap();
 
     let mut baseline = None;
@@ -62,26 +57,9 @@ fn a_thousand_calls_with_hostile_ones_mixed_in() {
                 }
             })
             .collect();
-        let (events, results) = block_on(async {
-            let mut run = host.start_batch(uses.clone(), keel_host::context::initial());
-            let mut events = Vec::new();
-            while let Some(event) = run.next_event().await {
-                events.push(event);
-            }
-            (events, run.finish().await.results)
-        });
+        let (events, results, _) = events_of(&host, uses.clone());
         assert_eq!(results.len(), CALLS_PER_BATCH, "one result per call");
-        let (mut now, mut most) = (0usize, 0usize);
-        for event in &events {
-            match event {
-                Event::CallStarted { .. } => {
-                    now += 1;
-                    most = most.max(now);
-                }
-                Event::CallFinished { .. } => now -= 1,
-                _ => {}
-            }
-        }
+        let most = most_in_flight(&events);
         assert!(most <= CAP, "batch {batch}: {most} calls in flight, cap {CAP}");
         for (tool_use, result) in uses.iter().zip(&results) {
             assert_eq!(result.tool_use_id, tool_use.id);
