@@ -1,6 +1,9 @@
 //! Glue between the [`Tool`] trait and the generated component bindings.
 //! Not part of the public API: only [`export!`](crate::export) names it.
 
+use std::any::Any;
+use std::cell::RefCell;
+
 use schemars::JsonSchema;
 use serde_json::Value;
 
@@ -22,7 +25,9 @@ pub use bindings::export_tool;
 pub use wit_bindgen;
 
 use bindings::exports::keel::tool::guest::{Guest, ToolMetadata as Metadata};
-use bindings::keel::tool::types::{CallOutput, InterruptBehavior, PermissionDecision as WitPermission};
+use bindings::keel::tool::types::{
+    CallOutput, CallPlan, InterruptBehavior, PermissionDecision as WitPermission,
+};
 
 /// Names the user's tool type for the generated `Guest` impl below.
 pub trait Exports {
@@ -34,14 +39,53 @@ fn parse<T: Tool>(input: &str) -> Result<T::Input, String> {
     serde_json::from_str(input).map_err(|error| format!("invalid input: {error}"))
 }
 
+/// The input this instance parsed last, beside its text. The host asks one
+/// instance `plan`, then `check`, then `call` on the same input: parsed once,
+/// it serves all three.
+struct Parsed {
+    text: String,
+    input: Box<dyn Any>,
+}
+
+thread_local! {
+    static PARSED: RefCell<Option<Parsed>> = const { RefCell::new(None) };
+}
+
+/// Apply `f` to the parsed input (parsing it only if the last input parsed
+/// was another), or give `Err` when it does not parse.
+fn parsed<T: Tool, R>(text: &str, f: impl FnOnce(&T::Input) -> R) -> Result<R, String> {
+    PARSED.with_borrow_mut(|parsed| {
+        let cached = parsed.as_ref().filter(|parsed| parsed.text == text);
+        let input = match cached.and_then(|parsed| parsed.input.downcast_ref::<T::Input>()) {
+            Some(input) => input,
+            None => {
+                let input = Box::new(parse::<T>(text)?);
+                parsed
+                    .insert(Parsed { text: text.to_owned(), input })
+                    .input
+                    .downcast_ref()
+                    .expect("just stored")
+            }
+        };
+        Ok(f(input))
+    })
+}
+
+/// The parsed input, by value, for `call`: taken from the cache when it holds
+/// this input, since nothing is asked after the call.
+fn take_parsed<T: Tool>(text: &str) -> Result<T::Input, String> {
+    let cached = PARSED.take().filter(|parsed| parsed.text == text);
+    match cached.map(|parsed| parsed.input.downcast::<T::Input>()) {
+        Some(Ok(input)) => Ok(*input),
+        _ => parse::<T>(text),
+    }
+}
+
 /// Apply `f` to the parsed input, or give the conservative `fallback` when the
 /// input does not parse (the host checks the schema first, so this is only
 /// reached by a host that did not).
 fn with_input<T: Tool, R>(input: &str, fallback: R, f: impl FnOnce(&T::Input) -> R) -> R {
-    match parse::<T>(input) {
-        Ok(input) => f(&input),
-        Err(_) => fallback,
-    }
+    parsed::<T, R>(input, f).unwrap_or(fallback)
 }
 
 /// The input schema as JSON text, derived from the input type.
@@ -78,12 +122,12 @@ impl<E: Exports> Guest for E {
         E::Tool::is_enabled()
     }
 
-    fn is_concurrency_safe(input: String) -> bool {
-        with_input::<E::Tool, _>(&input, false, E::Tool::is_concurrency_safe)
-    }
-
-    fn is_read_only(input: String) -> bool {
-        with_input::<E::Tool, _>(&input, false, E::Tool::is_read_only)
+    fn plan(input: String) -> CallPlan {
+        let conservative = CallPlan { concurrency_safe: false, read_only: false };
+        with_input::<E::Tool, _>(&input, conservative, |input| CallPlan {
+            concurrency_safe: E::Tool::is_concurrency_safe(input),
+            read_only: E::Tool::is_read_only(input),
+        })
     }
 
     fn is_destructive(input: String) -> bool {
@@ -94,22 +138,16 @@ impl<E: Exports> Guest for E {
         E::Tool::MAX_RESULT_SIZE
     }
 
-    fn validate_input(input: String) -> Result<(), String> {
-        let input = parse::<E::Tool>(&input)?;
-        E::Tool::validate_input(&input).map_err(|error| error.0)
-    }
-
-    fn check_permissions(input: String) -> WitPermission {
-        let input = match parse::<E::Tool>(&input) {
-            Ok(input) => input,
-            Err(error) => return WitPermission::Deny(error),
-        };
-        match E::Tool::check_permissions(&input) {
-            Permission::Allow => WitPermission::Allow(None),
-            Permission::AllowWithInput(updated) => WitPermission::Allow(Some(updated.to_string())),
-            Permission::Deny(message) => WitPermission::Deny(message),
-            Permission::Ask(message) => WitPermission::Ask(message),
-        }
+    fn check(input: String) -> Result<WitPermission, String> {
+        parsed::<E::Tool, _>(&input, |input| {
+            E::Tool::validate_input(input).map_err(|error| error.0)?;
+            Ok(match E::Tool::check_permissions(input) {
+                Permission::Allow => WitPermission::Allow(None),
+                Permission::AllowWithInput(updated) => WitPermission::Allow(Some(updated.to_string())),
+                Permission::Deny(message) => WitPermission::Deny(message),
+                Permission::Ask(message) => WitPermission::Ask(message),
+            })
+        })?
     }
 
     fn permission_subject(input: String) -> Option<String> {
@@ -148,7 +186,7 @@ impl<E: Exports> Guest for E {
     }
 
     fn call(input: String, context: String) -> Result<CallOutput, String> {
-        let input = parse::<E::Tool>(&input)?;
+        let input = take_parsed::<E::Tool>(&input)?;
         let context =
             serde_json::from_str(&context).map_err(|error| format!("invalid context from host: {error}"))?;
         let output = E::Tool::call(input, &Context::new(context)).map_err(|error| error.0)?;

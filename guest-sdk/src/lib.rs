@@ -62,7 +62,7 @@ use serde::de::DeserializeOwned;
 pub use serde_json::{Value, json};
 
 /// The version of the WIT contract (`keel:tool`) this SDK builds against.
-pub const CONTRACT_VERSION: &str = "0.1.0";
+pub const CONTRACT_VERSION: &str = "0.2.0";
 
 /// Where the host mounts the workspace inside the sandbox.
 pub const WORKSPACE_MOUNT: &str = "/workspace";
@@ -254,7 +254,7 @@ impl Context {
 pub trait Tool {
     /// The input the model sends; its JSON Schema is derived with schemars.
     /// Doc comments on its fields become the schema's descriptions.
-    type Input: DeserializeOwned + JsonSchema;
+    type Input: DeserializeOwned + JsonSchema + 'static;
 
     /// The name the model calls the tool by: letters, digits, `_` and `-`.
     const NAME: &'static str;

@@ -8,11 +8,11 @@ wasmtime::component::bindgen!({
 });
 
 pub use exports::keel::tool::guest::ToolMetadata;
-pub use keel::tool::types::{InterruptBehavior, LogLevel, PermissionDecision};
+pub use keel::tool::types::{CallPlan, InterruptBehavior, LogLevel, PermissionDecision};
 
 /// The contract version this host speaks: the version of the `keel:tool`
 /// package in `wit/`.
-pub const CONTRACT_VERSION: &str = "0.1.0";
+pub const CONTRACT_VERSION: &str = "0.2.0";
 
 /// The name of the interface every tool exports, with its version.
-pub const GUEST_INTERFACE: &str = "keel:tool/guest@0.1.0";
+pub const GUEST_INTERFACE: &str = "keel:tool/guest@0.2.0";

@@ -12,7 +12,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 use crate::bindings::Tool as ToolBindings;
 use crate::error::{Error, Result};
 use crate::limits::Limits;
-use crate::sandbox::SandboxState;
+use crate::sandbox::{SandboxState, SharedPreopens};
 
 /// How often the epoch advances: the granularity of deadlines, and how often
 /// a long-running guest yields to let other calls on its thread progress.
@@ -65,6 +65,17 @@ impl Runtime {
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
+            .and_then(|()| {
+                // Directories come from the plugin's handles opened at load,
+                // not from each sandbox's WASI context.
+                linker.allow_shadowing(true);
+                wasmtime_wasi::p2::bindings::filesystem::preopens::add_to_linker::<_, SharedPreopens>(
+                    &mut linker,
+                    |state| state,
+                )?;
+                linker.allow_shadowing(false);
+                Ok(())
+            })
             .map_err(|error| Error::Engine(format!("failed to link WASI: {error:#}")))?;
         ToolBindings::add_to_linker::<_, wasmtime::component::HasSelf<SandboxState>>(&mut linker, |state| {
             state

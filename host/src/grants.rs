@@ -20,7 +20,7 @@
 //! going to the pattern that sorts first. Sections are never merged, so
 //! adding a broad pattern never widens a plugin that has a section of its own.
 //!
-//! Whatever is granted, a call whose `is-read-only` answer is true gets every
+//! Whatever is granted, a call whose `plan` says it is read-only gets every
 //! directory read-only: the claim is enforced, not trusted.
 
 use std::collections::BTreeMap;

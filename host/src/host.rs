@@ -314,7 +314,7 @@ impl PlannedCall {
     }
 
     /// Whether it may run beside other concurrency-safe calls: its input
-    /// passed the schema and `is-concurrency-safe` said yes without trapping.
+    /// passed the schema and `plan` said so without trapping.
     pub fn is_concurrency_safe(&self) -> bool {
         self.prepared.concurrency_safe
     }
@@ -326,7 +326,7 @@ impl PlannedCall {
     }
 
     /// Run the call from `context` the way a batch runs each call: the
-    /// tool's own `validate-input`, then `check-permissions`, then the host's
+    /// tool's own `check` (validation, then its permission decision), then the host's
     /// permission rules, then the call in its sandbox, then the result
     /// budgets, with the result as a message of its own. `events` gets
     /// `call_started`, each `progress` the moment the tool reports it,

@@ -1,7 +1,7 @@
 //! Permission rules: the host's say on a call, after the tool's own.
 //!
-//! A call that passed its schema and the tool's `validate-input` is first
-//! judged by the tool (`check-permissions`), then by the rules of the
+//! A call that passed its schema and the tool's own validation is first
+//! judged by the tool (both are its `check` export), then by the rules of the
 //! `[permissions]` section of `keel.toml`:
 //!
 //! ```toml

@@ -13,7 +13,9 @@ use crate::engine::{Runtime, root_cause};
 use crate::error::{Error, Result};
 use crate::grants::{Grants, PluginGrant};
 use crate::limits::{BatchFuel, LimitKind, Limits, units};
-use crate::sandbox::{FuelLimit, Grant, QUERY_DEADLINE, QUERY_FUEL, Sandbox, SandboxState, export_timer};
+use crate::sandbox::{
+    FuelLimit, Grant, Mounts, QUERY_DEADLINE, QUERY_FUEL, Sandbox, SandboxState, export_timer,
+};
 use crate::tool::{
     CallContext, CallError, CallOutput, InterruptBehavior, Invocation, PermissionDecision, ResultSize, Tool,
     ToolOrigin, ToolSpec,
@@ -105,6 +107,7 @@ struct Shared {
     name: Arc<str>,
     limits: Limits,
     grant: PluginGrant,
+    mounts: Arc<Mounts>,
 }
 
 impl PluginTool {
@@ -142,6 +145,7 @@ impl PluginTool {
             limits: *limits,
             // Until its name is known, the plugin gets nothing that depends on it.
             grant: PluginGrant::workspace_only(grants.workspace()),
+            mounts: Arc::new(Mounts::none()),
         };
         let spec = read_spec(&mut shared, path, grants).await?;
         let report = LoadReport {
@@ -214,6 +218,8 @@ async fn read_spec(shared: &mut Shared, path: &Path, grants: &Grants) -> Result<
     // see the plugin's environment but still no directory.
     shared.name = metadata.name.as_str().into();
     shared.grant = grants.for_tool(&metadata.name);
+    shared.mounts =
+        Arc::new(Mounts::open(&shared.grant).map_err(|error| Error::plugin(path, error.to_string()))?);
     let mut questions = Questions::new(shared, Grant::Nothing, &mut meter);
     let enabled = ask!(questions, "is-enabled", false, |guest, store| guest.call_is_enabled(store));
     let max_result_size =
@@ -372,7 +378,7 @@ impl<'a> Questions<'a> {
             &shared.pre,
             shared.name.clone(),
             &shared.limits,
-            &shared.grant,
+            (&shared.grant, &shared.mounts),
             self.grant,
             (reserved.fuel, reserved.limit),
         )
@@ -395,7 +401,8 @@ impl Tool for PluginTool {
             shared: self.shared.clone(),
             input_text: input.to_string(),
             input,
-            read_only: None,
+            plan: None,
+            checked: None,
             sandbox: None,
             meter: Meter::new(self.shared.limits.fuel),
         }))
@@ -411,7 +418,7 @@ impl Tool for PluginTool {
     }
 }
 
-/// One call of a plugin. `is-read-only` is asked first, in a sandbox with no
+/// One call of a plugin. `plan` is asked first, in a sandbox with no
 /// filesystem; the other questions then share one read-only sandbox while
 /// nothing traps. The call reuses it when it is read-only, and gets a fresh
 /// sandbox with write access when it is not.
@@ -419,47 +426,64 @@ struct PluginInvocation {
     shared: Arc<Shared>,
     input: Value,
     input_text: String,
-    read_only: Option<bool>,
+    plan: Option<bindings::CallPlan>,
+    /// The answer of `check` for the current input: the validation error, or
+    /// the permission decision.
+    checked: Option<Result<PermissionDecision, String>>,
     sandbox: Option<Sandbox>,
     meter: Meter,
 }
 
+/// `plan`'s answer when it fails: neither concurrency-safe nor read-only.
+const CONSERVATIVE_PLAN: bindings::CallPlan =
+    bindings::CallPlan { concurrency_safe: false, read_only: false };
+
 impl PluginInvocation {
-    /// The call's grant follows its `is-read-only` answer; asking it first, in
-    /// a sandbox with no filesystem, means no guest code has seen a directory
+    /// The call's plan, and with it its grant. Asking `plan` first, in a
+    /// sandbox with no filesystem, means no guest code has seen a directory
     /// before the grant is fixed.
-    async fn decide_grant(&mut self) -> bool {
-        if let Some(read_only) = self.read_only {
-            return read_only;
+    async fn plan(&mut self) -> bindings::CallPlan {
+        if let Some(plan) = self.plan {
+            return plan;
         }
         let shared = &*self.shared;
         let mut questions =
             Questions { shared, grant: Grant::Nothing, sandbox: self.sandbox.take(), meter: &mut self.meter };
         let input = &self.input_text;
-        let read_only =
-            ask!(questions, "is-read-only", false, |guest, store| guest.call_is_read_only(store, input));
-        self.sandbox = match questions.sandbox.take() {
-            Some(mut sandbox) => match sandbox.regrant(&shared.grant, QUESTION_GRANT) {
-                Ok(()) => Some(sandbox),
-                Err(_) => None,
-            },
-            None => None,
-        };
-        self.read_only = Some(read_only);
-        read_only
+        let plan = ask!(questions, "plan", CONSERVATIVE_PLAN, |guest, store| guest.call_plan(store, input));
+        self.sandbox = questions.sandbox.take();
+        if let Some(sandbox) = &mut self.sandbox {
+            sandbox.regrant(QUESTION_GRANT);
+        }
+        self.plan = Some(plan);
+        plan
     }
 
-    /// The grant of the call itself: read-only when its `is-read-only`
-    /// answer was true, else what the plugin's grant gives.
+    /// The grant of the call itself: read-only when `plan` said so, else
+    /// what the plugin's grant gives.
     fn call_grant(&self) -> Grant {
-        match self.read_only {
-            Some(true) => Grant::ReadOnly,
+        match self.plan {
+            Some(plan) if plan.read_only => Grant::ReadOnly,
             _ => Grant::ReadWrite,
         }
     }
 }
 
-/// The grant of every question once `is-read-only` is answered: read-only.
+fn permission_decision(decision: bindings::PermissionDecision) -> PermissionDecision {
+    match decision {
+        bindings::PermissionDecision::Allow(None) => PermissionDecision::Allow(None),
+        bindings::PermissionDecision::Allow(Some(text)) => match serde_json::from_str(&text) {
+            Ok(updated) => PermissionDecision::Allow(Some(updated)),
+            Err(error) => PermissionDecision::Deny(format!(
+                "the tool's permission check returned an updated input that is not JSON: {error}"
+            )),
+        },
+        bindings::PermissionDecision::Deny(message) => PermissionDecision::Deny(message),
+        bindings::PermissionDecision::Ask(message) => PermissionDecision::Ask(message),
+    }
+}
+
+/// The grant of every question once `plan` is answered: read-only.
 /// A question runs before the permission check and the host's rules have
 /// allowed the call, so it must not be able to write anything; only the call
 /// itself is given write access.
@@ -470,7 +494,7 @@ const QUESTION_GRANT: Grant = Grant::ReadOnly;
 /// Gives `Result<answer, CallError>`, having logged a warning on `Err`.
 macro_rules! query_input {
     ($self:ident, $export:literal, |$guest:ident, $store:ident, $input:ident| $call:expr) => {{
-        $self.decide_grant().await;
+        $self.plan().await;
         let mut questions = Questions {
             shared: &$self.shared,
             grant: QUESTION_GRANT,
@@ -508,6 +532,23 @@ fn refusal(what: &str, error: &CallError) -> String {
     }
 }
 
+impl PluginInvocation {
+    /// The tool's validation and permission decision for the current input,
+    /// asked once.
+    async fn check(&mut self) -> Result<PermissionDecision, String> {
+        if let Some(checked) = &self.checked {
+            return checked.clone();
+        }
+        let checked = match query_input!(self, "check", |g, s, i| g.call_check(s, i)) {
+            Err(error) => Err(refusal("the tool's input check", &error)),
+            Ok(Err(message)) => Err(message),
+            Ok(Ok(decision)) => Ok(permission_decision(decision)),
+        };
+        self.checked = Some(checked.clone());
+        checked
+    }
+}
+
 #[async_trait]
 impl Invocation for PluginInvocation {
     fn input(&self) -> &Value {
@@ -517,10 +558,11 @@ impl Invocation for PluginInvocation {
     fn set_input(&mut self, input: Value) {
         self.input_text = input.to_string();
         self.input = input;
+        self.checked = None;
     }
 
     async fn is_read_only(&mut self) -> bool {
-        self.decide_grant().await
+        self.plan().await.read_only
     }
 
     fn park(&mut self) {
@@ -532,7 +574,7 @@ impl Invocation for PluginInvocation {
     }
 
     async fn is_concurrency_safe(&mut self) -> bool {
-        ask_input!(self, "is-concurrency-safe", false, |g, s, i| g.call_is_concurrency_safe(s, i))
+        self.plan().await.concurrency_safe
     }
 
     async fn is_destructive(&mut self) -> bool {
@@ -540,26 +582,11 @@ impl Invocation for PluginInvocation {
     }
 
     async fn validate_input(&mut self) -> Result<(), String> {
-        query_input!(self, "validate-input", |g, s, i| g.call_validate_input(s, i))
-            .unwrap_or_else(|error| Err(refusal("the tool's input check", &error)))
+        self.check().await.map(|_| ())
     }
 
     async fn check_permissions(&mut self) -> PermissionDecision {
-        let decision = query_input!(self, "check-permissions", |g, s, i| g.call_check_permissions(s, i))
-            .unwrap_or_else(|error| {
-                bindings::PermissionDecision::Deny(refusal("the tool's permission check", &error))
-            });
-        match decision {
-            bindings::PermissionDecision::Allow(None) => PermissionDecision::Allow(None),
-            bindings::PermissionDecision::Allow(Some(text)) => match serde_json::from_str(&text) {
-                Ok(updated) => PermissionDecision::Allow(Some(updated)),
-                Err(error) => PermissionDecision::Deny(format!(
-                    "the tool's permission check returned an updated input that is not JSON: {error}"
-                )),
-            },
-            bindings::PermissionDecision::Deny(message) => PermissionDecision::Deny(message),
-            bindings::PermissionDecision::Ask(message) => PermissionDecision::Ask(message),
-        }
+        self.check().await.unwrap_or_else(PermissionDecision::Deny)
     }
 
     async fn permission_subject(&mut self) -> Option<String> {
@@ -583,7 +610,7 @@ impl Invocation for PluginInvocation {
     }
 
     async fn call(mut self: Box<Self>, cx: CallContext) -> Result<CallOutput, CallError> {
-        self.decide_grant().await;
+        self.plan().await;
         let this = &mut *self;
         let shared = this.shared.clone();
         let limits = &shared.limits;

@@ -1,6 +1,6 @@
 //! One call, step by step: resolve the name, check the input against the
 //! schema, ask the per-input questions (planning), then at its turn ask the
-//! tool's own `validate-input`, then `check-permissions`, then the host's
+//! tool's own `check` (validation, then its permission decision), then the host's
 //! [permission rules](crate::permissions), and run it.
 
 use serde_json::Value;
@@ -24,7 +24,7 @@ pub struct Prepared {
     /// The tool's name.
     pub name: String,
     /// Whether it may run beside other safe calls: its input passed the
-    /// schema and `is-concurrency-safe` said yes without trapping.
+    /// schema and `plan` said so without trapping.
     pub concurrency_safe: bool,
     interrupt: InterruptBehavior,
     invocation: Box<dyn Invocation>,

@@ -26,11 +26,14 @@ use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use wasmtime::component::{HasData, Resource};
 use wasmtime::component::{ResourceTable, ResourceTableError};
 use wasmtime::{ResourceLimiter, Store, Trap, UpdateDeadline};
 use wasmtime_wasi::cli::{IsTerminal, StdoutStream};
+use wasmtime_wasi::filesystem::{Descriptor, Dir};
+use wasmtime_wasi::p2::bindings::filesystem::preopens;
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
-use wasmtime_wasi::{FsPerms, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi::{FsPerms, OpenMode, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
 use wasmtime_wasi_io::bytes::Bytes;
 
 use crate::bindings::keel::tool::{host, types};
@@ -62,7 +65,7 @@ const MAX_REPORT_BYTES: usize = 16 << 10;
 /// a cap a guest could flood the host's log for as long as its fuel lasts.
 pub const MAX_REPORTED_BYTES: usize = 1 << 20;
 
-/// A query (a per-input question such as `is-read-only`) must answer within
+/// A query (a per-input question such as `plan`) must answer within
 /// this much fuel and time: they are meant to be instant, and a query that
 /// spins must not hold a batch for the whole call deadline.
 pub const QUERY_FUEL: u64 = 1_000_000_000;
@@ -77,8 +80,7 @@ pub const DEADLINE_GRACE: Duration = Duration::from_millis(100);
 /// How much of its plugin's grant one sandbox gets.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Grant {
-    /// No filesystem at all: for questions asked before `is-read-only` is
-    /// answered.
+    /// No filesystem at all: for `plan`, asked before the grant is known.
     Nothing,
     /// Every granted directory, read-only.
     ReadOnly,
@@ -107,10 +109,104 @@ pub struct FuelLimit {
     pub fuel: u64,
 }
 
+/// The directories a plugin is granted, opened once when it is loaded and
+/// shared by all its sandboxes: a sandbox's preopens are clones of these
+/// handles, so a fresh sandbox opens no directory, and the handles a guest
+/// sees follow the sandbox's [`Grant`] at the moment it first asks for them.
+pub struct Mounts(Vec<Mount>);
+
+/// One granted directory: a read-only handle, and a writable one when the
+/// grant gives write access.
+struct Mount {
+    guest: String,
+    access: Access,
+    read_only: Dir,
+    read_write: Option<Dir>,
+}
+
+impl Mounts {
+    /// No directories: for sandboxes that must see none.
+    pub fn none() -> Self {
+        Mounts(Vec::new())
+    }
+
+    /// Open every directory of `capabilities`. The error names the directory
+    /// and why it could not be opened.
+    pub fn open(capabilities: &PluginGrant) -> std::io::Result<Self> {
+        let mounts = std::iter::once((
+            capabilities.workspace.as_path(),
+            WORKSPACE_MOUNT,
+            capabilities.workspace_access,
+        ))
+        .chain(capabilities.dirs.iter().map(|dir| (dir.host.as_path(), dir.mount.as_str(), dir.access)));
+        let mut opened = Vec::new();
+        for (host, guest, access) in mounts {
+            let named = |error: std::io::Error| {
+                std::io::Error::new(
+                    error.kind(),
+                    format!("cannot open {} for {guest}: {error}", host.display()),
+                )
+            };
+            let dir = cap_std::fs::Dir::open_ambient_dir(host, cap_std::ambient_authority())
+                .map_err(named)?
+                .into_std_file();
+            let read_write = match access {
+                Access::ReadOnly => None,
+                Access::ReadWrite => Some(Dir::new(
+                    dir.try_clone().map_err(named)?,
+                    FsPerms::ReadWrite,
+                    OpenMode::READ | OpenMode::WRITE,
+                    true,
+                )),
+            };
+            // Filesystem calls run on the calling thread instead of hopping
+            // to tokio's blocking pool: up to ten times faster for
+            // file-reading tools.
+            let read_only = Dir::new(dir, FsPerms::ReadOnly, OpenMode::READ, true);
+            opened.push(Mount { guest: guest.to_owned(), access, read_only, read_write });
+        }
+        Ok(Mounts(opened))
+    }
+
+    /// The handles a sandbox with `grant` sees, each with its mount point.
+    fn granted(&self, grant: Grant) -> impl Iterator<Item = (&Dir, &str)> {
+        self.0.iter().filter_map(move |mount| {
+            let dir = match grant.narrow(mount.access)? {
+                Access::ReadOnly => &mount.read_only,
+                Access::ReadWrite => {
+                    mount.read_write.as_ref().expect("a writable mount has a writable handle")
+                }
+            };
+            Some((dir, mount.guest.as_str()))
+        })
+    }
+}
+
+/// wasmtime-wasi's `wasi:filesystem/preopens`, served from the sandbox's
+/// [`Mounts`] instead of directories opened for each sandbox.
+pub(crate) struct SharedPreopens;
+
+impl HasData for SharedPreopens {
+    type Data<'a> = &'a mut SandboxState;
+}
+
+impl preopens::Host for &mut SandboxState {
+    fn get_directories(&mut self) -> wasmtime::Result<Vec<(Resource<Descriptor>, String)>> {
+        let mut directories = Vec::new();
+        for (dir, guest) in self.mounts.granted(self.grant) {
+            let descriptor = self.table.push(Descriptor::Dir(dir.clone()))?;
+            directories.push((descriptor, guest.to_owned()));
+        }
+        Ok(directories)
+    }
+}
+
 /// The data of one sandbox's store.
 pub struct SandboxState {
     wasi: WasiCtx,
     table: ResourceTable,
+    mounts: Arc<Mounts>,
+    grant: Grant,
     limiter: CallLimiter,
     plugin: Arc<str>,
     progress: Option<ProgressSink>,
@@ -168,6 +264,8 @@ impl SandboxState {
         SandboxState {
             wasi: WasiCtxBuilder::new().build(),
             table: ResourceTable::new(),
+            mounts: Arc::new(Mounts::none()),
+            grant: Grant::Nothing,
             limiter: CallLimiter { memory: usize::MAX, table_elements: usize::MAX, hit: None },
             plugin: Arc::from("floor"),
             progress: None,
@@ -388,28 +486,30 @@ const HANDLE_LIMIT_EXCEEDED: &str = "store handle limit exceeded";
 pub struct Sandbox {
     pub(crate) store: Store<SandboxState>,
     pub(crate) tool: ToolBindings,
-    grant: Grant,
 }
 
 impl Sandbox {
     /// Instantiate `pre` in a fresh store for `plugin`, giving it `grant` of
-    /// `capabilities`. Instantiation runs under `fuel` and [`QUERY_DEADLINE`].
+    /// `mounts` and the environment of `capabilities`. Instantiation runs
+    /// under `fuel` and [`QUERY_DEADLINE`].
     pub async fn new(
         pre: &ToolPre<SandboxState>,
         plugin: Arc<str>,
         limits: &Limits,
-        capabilities: &PluginGrant,
+        (capabilities, mounts): (&PluginGrant, &Arc<Mounts>),
         grant: Grant,
         fuel: (u64, FuelLimit),
     ) -> Result<Self, CallError> {
         let stdout = Capture::new(CAPTURED_OUTPUT_BYTES);
         let stderr = Capture::new(CAPTURED_OUTPUT_BYTES);
-        let wasi = wasi_ctx(capabilities, grant, &stdout, &stderr)?;
+        let wasi = wasi_ctx(capabilities, &stdout, &stderr);
         let mut table = ResourceTable::new();
         table.set_max_capacity(limits.resources);
         let state = SandboxState {
             wasi,
             table,
+            mounts: mounts.clone(),
+            grant,
             limiter: CallLimiter { memory: limits.memory, table_elements: limits.table_elements, hit: None },
             plugin,
             progress: None,
@@ -450,20 +550,18 @@ impl Sandbox {
                 });
             }
         };
-        Ok(Sandbox { store, tool, grant })
+        Ok(Sandbox { store, tool })
     }
 
     /// The filesystem access this sandbox was given.
     pub fn grant(&self) -> Grant {
-        self.grant
+        self.store.data().grant
     }
 
-    /// Replace the filesystem access, before the guest has used any.
-    pub fn regrant(&mut self, capabilities: &PluginGrant, grant: Grant) -> Result<(), CallError> {
-        let state = self.store.data_mut();
-        state.wasi = wasi_ctx(capabilities, grant, &state.stdout, &state.stderr)?;
-        self.grant = grant;
-        Ok(())
+    /// Replace the filesystem access. It reaches the guest only if it has
+    /// not asked for its directories yet (a guest keeps the handles it got).
+    pub fn regrant(&mut self, grant: Grant) {
+        self.store.data_mut().grant = grant;
     }
 
     /// Give the next export call `fuel` (reported as `limit` when it runs
@@ -520,16 +618,10 @@ pub fn export_timer(deadline: Duration) -> Duration {
     deadline + DEADLINE_GRACE + EPOCH_TICK
 }
 
-fn wasi_ctx(
-    capabilities: &PluginGrant,
-    grant: Grant,
-    stdout: &Capture,
-    stderr: &Capture,
-) -> Result<WasiCtx, CallError> {
+/// Everything of a sandbox's WASI context but its directories, which
+/// [`SharedPreopens`] serves.
+fn wasi_ctx(capabilities: &PluginGrant, stdout: &Capture, stderr: &Capture) -> WasiCtx {
     let mut builder = WasiCtxBuilder::new();
-    // Filesystem calls then run on the calling thread instead of hopping to
-    // tokio's blocking pool: up to ten times faster for file-reading tools.
-    builder.allow_blocking_current_thread(true);
     builder.stdout(stdout.clone());
     builder.stderr(stderr.clone());
     // These are wasmtime-wasi's defaults too; said here so that a change of
@@ -538,20 +630,7 @@ fn wasi_ctx(
     for (name, value) in &capabilities.env {
         builder.env(name, value);
     }
-    let mounts =
-        std::iter::once((capabilities.workspace.as_path(), WORKSPACE_MOUNT, capabilities.workspace_access))
-            .chain(capabilities.dirs.iter().map(|dir| (dir.host.as_path(), dir.mount.as_str(), dir.access)));
-    for (host, mount, granted) in mounts {
-        let Some(access) = grant.narrow(granted) else { continue };
-        let perms = match access {
-            Access::ReadOnly => FsPerms::ReadOnly,
-            Access::ReadWrite => FsPerms::ReadWrite,
-        };
-        builder.preopened_dir(host, mount, perms).map_err(|error| {
-            CallError::Host(format!("failed to open {} for {mount}: {}", host.display(), root_cause(&error)))
-        })?;
-    }
-    Ok(builder.build())
+    builder.build()
 }
 
 fn classify(error: &wasmtime::Error, state: &SandboxState, limits: &Limits) -> CallError {

@@ -108,6 +108,14 @@ fn emit(events: &Events, event: Event) {
     let _ = events.send(event);
 }
 
+/// [`emit`] an event built only when someone listens: a batch run for its
+/// outcome alone spares the copies an event holds.
+fn emit_with(events: &Events, event: impl FnOnce() -> Event) {
+    if !events.is_closed() {
+        emit(events, event());
+    }
+}
+
 /// Run `uses` from `context`; events go to `events` as they happen.
 pub async fn run(
     pool: Arc<ToolPool>,
@@ -144,8 +152,9 @@ pub async fn run(
     let safe: Vec<bool> =
         planned.iter().map(|call| matches!(call, Ok(call) if call.concurrency_safe)).collect();
     let groups = partition(&safe);
-    let batches = groups.iter().map(|group| PlannedGroup::new(group, &ids)).collect();
-    emit(&events, Event::BatchPlan { batches });
+    emit_with(&events, || Event::BatchPlan {
+        batches: groups.iter().map(|group| PlannedGroup::new(group, &ids)).collect(),
+    });
 
     let mut planned: Vec<Option<Result<Prepared, ToolResult>>> = planned.into_iter().map(Some).collect();
     for call in planned.iter_mut().skip(MAX_WAITING_SANDBOXES).flatten().flatten() {
@@ -192,10 +201,11 @@ pub async fn run(
             }
         }
     }
-    let streamed = results.into_results();
-    let mut results = streamed.clone();
+    let mut results = results.into_results();
+    // What was streamed, to announce what the per-message budget replaces.
+    let streamed = (!events.is_closed()).then(|| results.clone());
     options.budget.per_message(&mut results, &thresholds, &mut *options.ledger.lock().await).await;
-    for (sent, kept) in streamed.iter().zip(&results) {
+    for (sent, kept) in streamed.iter().flatten().zip(&results) {
         if sent.content != kept.content {
             let (tool_use_id, content) = (kept.tool_use_id.clone(), kept.content.clone());
             emit(&events, Event::ToolResultReplaced { tool_use_id, content });
@@ -319,7 +329,7 @@ async fn run_one(
     // Only an event reader shows the activity: without one, spare the guest
     // the question.
     let activity = if events.is_closed() { None } else { call.activity().await };
-    emit(events, Event::CallStarted { tool_use_id: id.clone(), tool: call.name.clone(), activity });
+    emit_with(events, || Event::CallStarted { tool_use_id: id.clone(), tool: call.name.clone(), activity });
     let progress_events = events.clone();
     let progress_id = id.clone();
     let cx = CallContext {
@@ -329,7 +339,7 @@ async fn run_one(
         }),
     };
     let (result, modifier) = call.run(pool, cx, interrupt).await;
-    emit(events, Event::CallFinished { tool_use_id: id, is_error: result.is_error });
+    emit_with(events, || Event::CallFinished { tool_use_id: id, is_error: result.is_error });
     (result, modifier)
 }
 
@@ -349,7 +359,7 @@ impl OrderedResults {
     fn finish(&mut self, index: usize, result: ToolResult, events: &Events) {
         self.slots[index] = Some(result);
         while let Some(Some(result)) = self.slots.get(self.released) {
-            emit(events, Event::tool_result(result));
+            emit_with(events, || Event::tool_result(result));
             self.released += 1;
         }
     }

@@ -62,7 +62,7 @@ fn prints_metadata_schema_answers_and_the_granted_capabilities() {
         r#"echo ({plugin})
   aliases       (none)
   description   Returns `text` unchanged.
-  contract      keel:tool@0.1.0
+  contract      keel:tool@0.2.0
   size          {size} bytes
   compile       <ms> ms, loaded from the compile cache
   interrupt     block: a running call finishes
@@ -92,11 +92,9 @@ answers at load
   requires-user-interaction false
 
 answers for the input {{"text":""}}
-  is-read-only              true
-  is-concurrency-safe       true
+  plan                      {{"concurrency_safe":true,"read_only":true}}
   is-destructive            false
-  validate-input            ok
-  check-permissions         allow
+  check                     allow
   permission-subject        none
   classifier-input          ""
   activity-description      none
@@ -135,18 +133,17 @@ fn says_which_export_trapped_and_which_fallback_applied() {
         .skip(1)
         .take_while(|line| !line.is_empty())
         .collect();
-    let trapped = |export: &str, fallback: &str| {
+    // Each names the tool method that trapped inside the export.
+    let trapped = |export: &str, fallback: &str, method: &str| {
         let line = answers.iter().find(|line| line.trim_start().starts_with(export)).unwrap();
         let prefix = format!("  {export:<26}TRAPPED, so {fallback} (the fallback): the tool crashed: ");
         assert!(line.starts_with(&prefix), "{line}");
-        let name = export.replace('-', "_");
-        assert!(line.ends_with(&format!("trap_queries: trapping in `{name}` as the input asks")), "{line}");
+        assert!(line.ends_with(&format!("trap_queries: trapping in `{method}` as the input asks")), "{line}");
     };
-    trapped("is-concurrency-safe", "false");
-    trapped("check-permissions", "deny");
-    assert!(answers.contains(&"  is-read-only              true"), "the others answer: {answers:?}");
-    assert!(answers.contains(&"  validate-input            ok"), "{answers:?}");
-    assert_eq!(answers.len(), 11, "every per-input export: {answers:?}");
+    trapped("plan ", "neither concurrency-safe nor read-only", "is_concurrency_safe");
+    trapped("check ", "invalid: the call is refused", "check_permissions");
+    assert!(answers.contains(&"  is-destructive            false"), "the others answer: {answers:?}");
+    assert_eq!(answers.len(), 9, "every per-input export: {answers:?}");
 }
 
 #[test]
@@ -156,7 +153,7 @@ fn json_output_reports_traps_at_load_with_their_fallbacks() {
     let report: serde_json::Value =
         serde_json::from_str(&stdout(&keel(&["inspect", "--json", plugin.to_str().unwrap()], dir.path())))
             .unwrap();
-    assert_eq!(report["contract"], "0.1.0");
+    assert_eq!(report["contract"], "0.2.0");
     assert_eq!(report["tool"]["name"], "trap_load");
     assert_eq!(report["tool"]["enabled"], false);
     let at_load: Vec<(&str, &serde_json::Value, &str)> = report["at_load"]
@@ -190,13 +187,13 @@ fn errors_say_what_failed_where_and_what_to_do() {
 
     let other = dir.path().join("other.wasm");
     let component =
-        wat::parse_str(r#"(component (instance $guest) (export "keel:tool/guest@0.2.0" (instance $guest)))"#)
+        wat::parse_str(r#"(component (instance $guest) (export "keel:tool/guest@0.1.0" (instance $guest)))"#)
             .unwrap();
     std::fs::write(&other, component).unwrap();
     assert_eq!(
         stderr(&keel(&["inspect", "--no-cache", "other.wasm"], dir.path())),
-        "error: failed to load plugin other.wasm: was built against keel tool contract 0.2.0, but this host \
-         speaks 0.1.0; rebuild the tool with a keel-guest of contract 0.1.0\n"
+        "error: failed to load plugin other.wasm: was built against keel tool contract 0.1.0, but this host \
+         speaks 0.2.0; rebuild the tool with a keel-guest of contract 0.2.0\n"
     );
 
     std::fs::write(dir.path().join("keel.toml"), "[limits]\nfuel = 10\nmemory = 5\n").unwrap();

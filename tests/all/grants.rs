@@ -160,11 +160,7 @@ fn questions_cannot_write_even_when_the_call_may() {
         run(&host, json!({ "act": "write", "path": "/workspace/q.txt", "write_in": [export] }))
     };
     assert_eq!(
-        write_in("validate_input"),
-        error("Invalid input for hostile: failed to write /workspace/q.txt: permission denied")
-    );
-    assert_eq!(
-        write_in("check_permissions"),
+        write_in("check"),
         error("Permission to use hostile denied: failed to write /workspace/q.txt: permission denied")
     );
     assert!(!world.workspace().join("q.txt").exists());

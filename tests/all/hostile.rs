@@ -77,7 +77,7 @@ fn a_loop_in_a_question_gives_its_conservative_answer() {
     block_on(async {
         let mut spinning = tool
             .invoke(json!({ "act": "ok", "read_only": true, "concurrency_safe": true,
-                            "loop_in": ["is_read_only", "is_concurrency_safe", "is_destructive"] }))
+                            "loop_in": ["plan", "is_destructive"] }))
             .await
             .unwrap();
         assert!(!spinning.is_read_only().await, "fallback: assume it writes");
@@ -86,22 +86,15 @@ fn a_loop_in_a_question_gives_its_conservative_answer() {
         let output = spinning.call(CallContext::new(context::initial())).await.unwrap();
         assert_eq!(output.content, "ok", "the call itself runs in a fresh sandbox");
     });
-    let results = block_on(host.run_batch(&[
-        attack("v", json!({ "act": "ok", "loop_in": ["validate_input"] })),
-        attack("p", json!({ "act": "ok", "loop_in": ["check_permissions"] })),
-        healthy(),
-    ]))
-    .results;
+    let results =
+        block_on(host.run_batch(&[attack("c", json!({ "act": "ok", "loop_in": ["check"] })), healthy()]))
+            .results;
     assert_eq!(
         results,
         [
             ToolResult::error(
-                "v",
+                "c",
                 "Invalid input for hostile: the tool's input check failed; the call was refused"
-            ),
-            ToolResult::error(
-                "p",
-                "Permission to use hostile denied: the tool's permission check failed; the call was refused"
             ),
             ToolResult::ok("healthy", "ok"),
         ]
@@ -317,13 +310,11 @@ fn a_trap_in_each_per_input_question_gives_its_fallback_and_the_next_call_runs()
     {
         let results = block_on(host.run_batch(&[trapping(export), healthy()])).results;
         let expected = match export {
-            "validate_input" => ToolResult::error(
+            // Validation and the permission check are one export: a trap in
+            // either refuses the call.
+            "validate_input" | "check_permissions" => ToolResult::error(
                 "attack",
                 "Invalid input for trap_queries: the tool's input check failed; the call was refused",
-            ),
-            "check_permissions" => ToolResult::error(
-                "attack",
-                "Permission to use trap_queries denied: the tool's permission check failed; the call was refused",
             ),
             // The fallback only makes the call more careful; it still runs.
             _ => ToolResult::ok("attack", format!("ok: {export}")),

@@ -81,26 +81,26 @@ fn a_component_without_the_contract_is_refused() {
     let component = wat::parse_str("(component)").unwrap();
     assert_eq!(
         load_error(&component),
-        "does not export `keel:tool/guest@0.1.0` (it exports nothing); is it a keel tool?"
+        "does not export `keel:tool/guest@0.2.0` (it exports nothing); is it a keel tool?"
     );
 }
 
 #[test]
 fn a_component_of_another_contract_version_is_refused_naming_both() {
     let component =
-        wat::parse_str(r#"(component (instance $guest) (export "keel:tool/guest@0.2.0" (instance $guest)))"#)
+        wat::parse_str(r#"(component (instance $guest) (export "keel:tool/guest@0.1.0" (instance $guest)))"#)
             .unwrap();
     assert_eq!(
         load_error(&component),
-        "was built against keel tool contract 0.2.0, but this host speaks 0.1.0; \
-         rebuild the tool with a keel-guest of contract 0.1.0"
+        "was built against keel tool contract 0.1.0, but this host speaks 0.2.0; \
+         rebuild the tool with a keel-guest of contract 0.2.0"
     );
 }
 
 #[test]
 fn a_component_missing_an_export_is_refused_naming_it() {
     let component =
-        wat::parse_str(r#"(component (instance $guest) (export "keel:tool/guest@0.1.0" (instance $guest)))"#)
+        wat::parse_str(r#"(component (instance $guest) (export "keel:tool/guest@0.2.0" (instance $guest)))"#)
             .unwrap();
     let error = load_error(&component);
     assert!(error.starts_with("does not export the keel tool contract: "), "{error}");

@@ -51,6 +51,7 @@ fn a_trap_in_each_question_gives_its_fallback() {
         let mut trapped =
             tool.invoke(input(&["is_read_only", "is_destructive", "permission_subject"])).await.unwrap();
         assert!(!trapped.is_read_only().await, "fallback: assume it writes");
+        assert!(!trapped.is_concurrency_safe().await, "one `plan` answers both: both fall back");
         assert!(trapped.is_destructive().await, "fallback: assume irreversible");
         assert_eq!(trapped.permission_subject().await, None);
     });
@@ -78,8 +79,9 @@ fn traps_in_validation_permission_and_call_fail_only_their_call() {
         results[1],
         ToolResult::error(
             "p",
-            "Permission to use trap_queries denied: the tool's permission check failed; the call was refused"
-        )
+            "Invalid input for trap_queries: the tool's input check failed; the call was refused"
+        ),
+        "validation and the permission check are one export"
     );
     assert!(results[2].is_error);
     assert!(

@@ -3,8 +3,8 @@
 //! memory. Every healthy call must still return the right result, the cap
 //! must hold, and memory must come back down.
 
-use keel_host::config::{Config, LimitsConfig};
 use keel_host::ToolUse;
+use keel_host::config::{Config, LimitsConfig};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 

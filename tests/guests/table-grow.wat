@@ -3,8 +3,8 @@
 ;; by hand, in the component text format; the tests assemble it with `wat`.
 ;;
 ;; It exports the whole `keel:tool/guest` contract with fixed answers:
-;; enabled, not concurrency-safe, not read-only, not destructive, 50,000
-;; chars, input valid, permission allowed. `call` grows table 0 by 1,000
+;; enabled, planned neither concurrency-safe nor read-only, not destructive,
+;; 50,000 chars, checked valid and allowed. `call` grows table 0 by 1,000
 ;; elements at a time until a grow fails, then traps.
 (component
   (core module $m
@@ -56,12 +56,16 @@
       (i32.store8 (i32.const 512) (i32.const 1))
       (i64.store (i32.const 520) (i64.const 50000))
       (i32.const 512))
-    (func (export "validate-input") (param i32 i32) (result i32)
+    ;; call-plan at 528: two bools, both false.
+    (func (export "plan") (param i32 i32) (result i32)
       (i32.store8 (i32.const 528) (i32.const 0))
+      (i32.store8 (i32.const 529) (i32.const 0))
       (i32.const 528))
-    (func (export "check-permissions") (param i32 i32) (result i32)
+    ;; result<permission-decision, string> at 544: ok (0), allow (0) with none (0).
+    (func (export "check") (param i32 i32) (result i32)
       (i32.store8 (i32.const 544) (i32.const 0))
       (i32.store8 (i32.const 548) (i32.const 0))
+      (i32.store8 (i32.const 552) (i32.const 0))
       (i32.const 544))
     (func (export "none") (param i32 i32) (result i32)
       (i32.store8 (i32.const 560) (i32.const 0))
@@ -104,6 +108,8 @@
     (case "deny" string)
     (case "ask" string)))
   (export $permission-decision "permission-decision" (type $permission-decision'))
+  (type $call-plan' (record (field "concurrency-safe" bool) (field "read-only" bool)))
+  (export $call-plan "call-plan" (type $call-plan'))
   (type $call-output' (record (field "content" string) (field "context-modifier" (option string))))
   (export $call-output "call-output" (type $call-output'))
 
@@ -115,10 +121,10 @@
     (canon lift (core func $i "false-of-input") (memory $mem) (realloc $realloc)))
   (func $max-result-size (result (option u64))
     (canon lift (core func $i "max-result-size") (memory $mem) (realloc $realloc)))
-  (func $validate-input (param "input" string) (result (result (error string)))
-    (canon lift (core func $i "validate-input") (memory $mem) (realloc $realloc)))
-  (func $check-permissions (param "input" string) (result $permission-decision)
-    (canon lift (core func $i "check-permissions") (memory $mem) (realloc $realloc)))
+  (func $plan (param "input" string) (result $call-plan)
+    (canon lift (core func $i "plan") (memory $mem) (realloc $realloc)))
+  (func $check (param "input" string) (result (result $permission-decision (error string)))
+    (canon lift (core func $i "check") (memory $mem) (realloc $realloc)))
   (func $none (param "input" string) (result (option string))
     (canon lift (core func $i "none") (memory $mem) (realloc $realloc)))
   (func $empty (param "input" string) (result string)
@@ -134,15 +140,14 @@
     (export "interrupt-behavior" (type $interrupt-behavior))
     (export "tool-metadata" (type $tool-metadata))
     (export "permission-decision" (type $permission-decision))
+    (export "call-plan" (type $call-plan))
     (export "call-output" (type $call-output))
     (export "metadata" (func $metadata))
     (export "is-enabled" (func $is-enabled))
-    (export "is-concurrency-safe" (func $false-of-input))
-    (export "is-read-only" (func $false-of-input))
+    (export "plan" (func $plan))
     (export "is-destructive" (func $false-of-input))
     (export "max-result-size" (func $max-result-size))
-    (export "validate-input" (func $validate-input))
-    (export "check-permissions" (func $check-permissions))
+    (export "check" (func $check))
     (export "permission-subject" (func $none))
     (export "classifier-input" (func $empty))
     (export "user-facing-name" (func $name))
@@ -152,5 +157,5 @@
     (export "requires-user-interaction" (func $requires-user-interaction))
     (export "inputs-equivalent" (func $inputs-equivalent))
     (export "call" (func $call)))
-  (export "keel:tool/guest@0.1.0" (instance $guest))
+  (export "keel:tool/guest@0.2.0" (instance $guest))
 )

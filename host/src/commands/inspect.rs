@@ -57,11 +57,9 @@ pub struct InspectArgs {
 /// The exports asked about one input, in the order a call asks them, and the
 /// answer each falls back to when it traps.
 const PER_INPUT: &[(&str, &str)] = &[
-    ("is-read-only", "false"),
-    ("is-concurrency-safe", "false"),
+    ("plan", "neither concurrency-safe nor read-only"),
     ("is-destructive", "true"),
-    ("validate-input", "error: the call is refused"),
-    ("check-permissions", "deny"),
+    ("check", "invalid: the call is refused"),
     ("permission-subject", "none"),
     ("classifier-input", "\"\""),
     ("activity-description", "none"),
@@ -171,21 +169,22 @@ async fn ask(plugin: &PluginTool, input: &Value, warnings: &Warnings) -> Vec<Ans
             PER_INPUT.iter().find(|(name, _)| *name == export).map_or("", |(_, fallback)| fallback);
         answers.push(Answer { export, answer, trapped: None, fallback });
     };
-    record(&mut answers, "is-read-only", json!(call.is_read_only().await));
-    record(&mut answers, "is-concurrency-safe", json!(call.is_concurrency_safe().await));
+    let plan = json!({
+        "concurrency_safe": call.is_concurrency_safe().await,
+        "read_only": call.is_read_only().await,
+    });
+    record(&mut answers, "plan", plan);
     record(&mut answers, "is-destructive", json!(call.is_destructive().await));
-    let valid = match call.validate_input().await {
-        Ok(()) => json!("ok"),
-        Err(reason) => json!({ "error": reason }),
+    let check = match call.validate_input().await {
+        Err(reason) => json!({ "invalid": reason }),
+        Ok(()) => match call.check_permissions().await {
+            PermissionDecision::Allow(None) => json!("allow"),
+            PermissionDecision::Allow(Some(updated)) => json!({ "allow_with_input": updated }),
+            PermissionDecision::Deny(message) => json!({ "deny": message }),
+            PermissionDecision::Ask(message) => json!({ "ask": message }),
+        },
     };
-    record(&mut answers, "validate-input", valid);
-    let permission = match call.check_permissions().await {
-        PermissionDecision::Allow(None) => json!("allow"),
-        PermissionDecision::Allow(Some(updated)) => json!({ "allow_with_input": updated }),
-        PermissionDecision::Deny(message) => json!({ "deny": message }),
-        PermissionDecision::Ask(message) => json!({ "ask": message }),
-    };
-    record(&mut answers, "check-permissions", permission);
+    record(&mut answers, "check", check);
     record(&mut answers, "permission-subject", json!(call.permission_subject().await));
     record(&mut answers, "classifier-input", json!(call.classifier_input().await));
     record(&mut answers, "activity-description", json!(call.activity_description().await));

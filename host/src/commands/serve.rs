@@ -45,7 +45,7 @@ use self::arrivals::Arrivals;
 use self::gate::{Gate, Mode, Ticket};
 use super::run::HostArgs;
 
-/// Calls planned at once. Planning runs guest code (`is-concurrency-safe`)
+/// Calls planned at once. Planning runs guest code (`plan`)
 /// in a sandbox of its own; a burst of requests must not hold more
 /// sandboxes than the engine has instances for.
 const MAX_PLANNING: usize = 16;
@@ -289,7 +289,7 @@ fn mcp_tool(spec: &ToolSpec, grants: &Grants) -> rmcp::model::Tool {
 /// Hints that hold for every call of the tool because the sandbox enforces
 /// them, not because the tool claims them: a plugin has no network, so its
 /// world is closed; a plugin granted no write access anywhere is read-only.
-/// What a tool says about one input (`is-read-only`, `is-destructive`, …)
+/// What a tool says about one input (`plan`, `is-destructive`, …)
 /// has no place here: MCP hints are per tool, and when left out MCP assumes
 /// the conservative answer, as keel does.
 fn annotations(spec: &ToolSpec, grants: &Grants) -> Option<ToolAnnotations> {

@@ -14,7 +14,9 @@
 use std::hint::black_box;
 
 use keel_guest::__private::bindings::exports::keel::tool::guest::{Guest, ToolMetadata};
-use keel_guest::__private::bindings::keel::tool::types::{CallOutput, InterruptBehavior, PermissionDecision};
+use keel_guest::__private::bindings::keel::tool::types::{
+    CallOutput, CallPlan, InterruptBehavior, PermissionDecision,
+};
 
 struct TrapLoad;
 
@@ -51,24 +53,16 @@ impl Guest for TrapLoad {
         }
     }
 
-    fn is_concurrency_safe(_input: String) -> bool {
-        true
-    }
-
-    fn is_read_only(_input: String) -> bool {
-        true
+    fn plan(_input: String) -> CallPlan {
+        CallPlan { concurrency_safe: true, read_only: true }
     }
 
     fn is_destructive(_input: String) -> bool {
         false
     }
 
-    fn validate_input(_input: String) -> Result<(), String> {
-        Ok(())
-    }
-
-    fn check_permissions(_input: String) -> PermissionDecision {
-        PermissionDecision::Allow(None)
+    fn check(_input: String) -> Result<PermissionDecision, String> {
+        Ok(PermissionDecision::Allow(None))
     }
 
     fn permission_subject(_input: String) -> Option<String> {
