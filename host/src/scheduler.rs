@@ -3,6 +3,7 @@
 //! most `cap` calls in flight and each unsafe call alone, and hand back
 //! exactly one result per `tool_use`, in order.
 
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 
 use futures::StreamExt;
@@ -16,7 +17,7 @@ use crate::context;
 use crate::events::{Event, PlannedGroup};
 use crate::ledger::Ledger;
 use crate::limits::BatchFuel;
-use crate::partition::{Group, partition};
+use crate::partition::partition;
 use crate::pool::ToolPool;
 use crate::runner::{self, NOT_STARTED, Prepared};
 use crate::summary::{self, Summarizer, SummaryCall};
@@ -25,10 +26,10 @@ use crate::tool::CallContext;
 /// The default concurrency cap, and what a non-numeric or zero setting means.
 pub const DEFAULT_MAX_TOOL_USE_CONCURRENCY: usize = 10;
 
-/// Calls a batch may hold live sandboxes for while they wait their turn;
-/// past this, waiting calls release theirs and start afresh at their turn,
-/// so one huge batch cannot exhaust the instance pool.
-const MAX_WAITING_SANDBOXES: usize = 64;
+/// Calls planned ahead of the first call still waiting to start. A planned
+/// call holds a live sandbox until it runs, so this bounds them; a batch no
+/// longer than this is planned whole before its first call starts.
+const PLANNING_WINDOW: usize = 64;
 
 /// The concurrency cap: `configured` when set and positive, else
 /// `KEEL_MAX_TOOL_USE_CONCURRENCY`, else 10. A non-numeric or zero value
@@ -117,10 +118,16 @@ fn emit_with(events: &Events, event: impl FnOnce() -> Event) {
 }
 
 /// Run `uses` from `context`; events go to `events` as they happen.
+///
+/// Planning (which instantiates each call's sandbox and asks its `plan`)
+/// runs ahead of execution by at most [`PLANNING_WINDOW`] calls, so every
+/// call instantiates its tool once, and a long batch holds a bounded number
+/// of sandboxes. The `batch_plan` event goes out once every call is planned:
+/// before the first call starts, unless the batch is longer than the window.
 pub async fn run(
     pool: Arc<ToolPool>,
     uses: Vec<ToolUse>,
-    mut context: Value,
+    context: Value,
     options: RunOptions,
     events: Events,
     interrupt: Interrupt,
@@ -128,16 +135,23 @@ pub async fn run(
     let cap = options.cap.max(1);
     let fuel = options.batch_fuel.map(BatchFuel::new);
     let ids: Vec<String> = uses.iter().map(|tool_use| tool_use.id.clone()).collect();
+    let thresholds: Vec<Threshold> = uses
+        .iter()
+        .map(|tool_use| {
+            pool.get(&tool_use.name)
+                .map_or_else(Threshold::default, |e| options.budget.threshold(e.tool.spec()))
+        })
+        .collect();
 
-    // Planning instantiates each call's sandbox: spread it over the workers
-    // too, keeping the batch's order.
-    let planned: Vec<Result<Prepared, ToolResult>> = futures::stream::iter(0..uses.len())
+    // Planning spreads over the workers too, keeping the batch's order.
+    let alone = uses.len() == 1;
+    let mut planner = futures::stream::iter(0..uses.len())
         .map(|index| {
             let (pool, tool_use, fuel) = (pool.clone(), uses[index].clone(), fuel.clone());
             let id = tool_use.id.clone();
-            let alone = uses.len() == 1;
             async move {
                 let plan = async move { runner::prepare(&pool, &tool_use, fuel.as_ref()).await };
+                // A batch of one gains nothing from a task of its own.
                 if alone {
                     return plan.await;
                 }
@@ -146,61 +160,48 @@ pub async fn run(
                 })
             }
         })
-        .buffered(cap)
-        .collect()
-        .await;
-    let safe: Vec<bool> =
-        planned.iter().map(|call| matches!(call, Ok(call) if call.concurrency_safe)).collect();
-    let groups = partition(&safe);
-    emit_with(&events, || Event::BatchPlan {
-        batches: groups.iter().map(|group| PlannedGroup::new(group, &ids)).collect(),
-    });
+        .buffered(cap);
 
-    let mut planned: Vec<Option<Result<Prepared, ToolResult>>> = planned.into_iter().map(Some).collect();
-    for call in planned.iter_mut().skip(MAX_WAITING_SANDBOXES).flatten().flatten() {
-        call.park();
-    }
-    let thresholds: Vec<Threshold> = uses
-        .iter()
-        .map(|tool_use| {
-            pool.get(&tool_use.name)
-                .map_or_else(Threshold::default, |e| options.budget.threshold(e.tool.spec()))
-        })
-        .collect();
-    let budget = Budgeted { budget: &options.budget, thresholds: &thresholds };
-    let mut results = OrderedResults::new(ids.clone());
-    for group in &groups {
-        let calls: Vec<(usize, Result<Prepared, ToolResult>)> = group
-            .calls
-            .clone()
-            .map(|index| (index, planned[index].take().expect("each call runs once")))
-            .collect();
-        // A run of one gains nothing from a task of its own.
-        if group.concurrent && group.calls.len() > 1 {
-            run_concurrently(
-                &pool,
-                calls,
-                &mut context,
-                cap,
-                &events,
-                &interrupt,
-                &mut results,
-                group,
-                &budget,
-            )
-            .await;
-        } else {
-            for (index, call) in calls {
-                let (result, modifier) = run_one(&pool, call, context.clone(), &events, &interrupt).await;
-                let result = budget.per_tool(index, result).await;
-                // Serial: the next call sees the change at once.
-                if let Some(patch) = modifier {
-                    context::apply(&mut context, &patch);
+    let mut batch = Execution {
+        pool: &pool,
+        events: &events,
+        interrupt: &interrupt,
+        budget: Budgeted { budget: &options.budget, thresholds: &thresholds },
+        cap,
+        context,
+        waiting: VecDeque::new(),
+        safe: Vec::with_capacity(uses.len()),
+        planned_all: false,
+        started: false,
+        running: tokio::task::JoinSet::new(),
+        index_of: HashMap::new(),
+        group: None,
+        results: OrderedResults::new(ids.clone()),
+    };
+    loop {
+        batch.start_what_can_start().await;
+        if batch.planned_all && batch.waiting.is_empty() && batch.running.is_empty() {
+            break;
+        }
+        let may_plan = !batch.planned_all && batch.waiting.len() < PLANNING_WINDOW;
+        tokio::select! {
+            planned = planner.next(), if may_plan => match planned {
+                Some(call) => batch.planned(call),
+                None => {
+                    batch.planned_all = true;
+                    let groups = partition(&batch.safe);
+                    emit_with(&events, || Event::BatchPlan {
+                        batches: groups.iter().map(|group| PlannedGroup::new(group, &ids)).collect(),
+                    });
                 }
-                results.finish(index, result, &events);
-            }
+            },
+            Some(joined) = batch.running.join_next_with_id() => batch.joined(joined),
+            else => break,
         }
     }
+    batch.close_group();
+    let Execution { context, results, .. } = batch;
+
     let mut results = results.into_results();
     // What was streamed, to announce what the per-message budget replaces.
     let streamed = (!events.is_closed()).then(|| results.clone());
@@ -246,67 +247,140 @@ impl Budgeted<'_> {
     }
 }
 
-/// Run one concurrent group: at most `cap` calls in flight, all seeing the
-/// context as it was when the group began; their modifiers are queued and
-/// applied after the group in the original order, so the final context does
-/// not depend on which call finished first.
+/// What a call running in a task of its own hands back.
+type Finished = (usize, ToolResult, Option<Value>);
+
+/// A batch being run: calls planned and waiting in order, the calls of the
+/// current concurrent run in flight, and the results so far.
 ///
-/// Each call is a task of its own, so calls run in parallel on every worker
-/// thread, not only interleaved on one. Calls start in batch order as slots
-/// of the cap free up.
-#[expect(clippy::too_many_arguments, reason = "one group's share of the batch state")]
-async fn run_concurrently(
-    pool: &Arc<ToolPool>,
-    calls: Vec<(usize, Result<Prepared, ToolResult>)>,
-    context: &mut Value,
+/// The partition (DESIGN.md §3) is made as calls arrive: a safe call joins
+/// the run in flight, if there is one, and starts once fewer than `cap`
+/// calls run; any other call waits for the run to finish and then runs
+/// alone. Calls of one run all see the context as it was when the run began;
+/// their modifiers are queued and applied when it ends, in the batch's
+/// order, so the final context does not depend on which call finished first.
+/// Each call of a run is a task of its own, so calls run in parallel on
+/// every worker thread, not only interleaved on one.
+struct Execution<'a> {
+    pool: &'a Arc<ToolPool>,
+    events: &'a Events,
+    interrupt: &'a Interrupt,
+    budget: Budgeted<'a>,
     cap: usize,
-    events: &Events,
-    interrupt: &Interrupt,
-    results: &mut OrderedResults,
-    group: &Group,
-    budget: &Budgeted<'_>,
-) {
-    let snapshot = context.clone();
-    let mut queued: Vec<Option<Value>> = vec![None; group.calls.len()];
-    let slots = Arc::new(tokio::sync::Semaphore::new(cap));
-    let mut waiting = calls.into_iter();
-    let mut next = waiting.next();
-    let mut running = tokio::task::JoinSet::new();
-    let mut index_of = std::collections::HashMap::new();
-    loop {
-        tokio::select! {
-            // Start the next call as soon as a slot is free, in batch order.
-            permit = slots.clone().acquire_owned(), if next.is_some() => {
-                let permit = permit.expect("the semaphore is never closed");
-                let (index, call) = next.take().expect("guarded by the branch condition");
-                let (pool, events, interrupt) = (pool.clone(), events.clone(), interrupt.clone());
-                let (snapshot, budget, threshold) = (snapshot.clone(), budget.budget.clone(), budget.thresholds[index]);
-                let task = running.spawn(async move {
-                    let (result, modifier) = run_one(&pool, call, snapshot, &events, &interrupt).await;
-                    drop(permit);
-                    (budget.per_tool(result, threshold).await, modifier)
-                });
-                index_of.insert(task.id(), index);
-                next = waiting.next();
+    /// The shared context, up to the last run that ended.
+    context: Value,
+    /// Planned calls not started yet, in order, each with its position.
+    waiting: VecDeque<(usize, Result<Prepared, ToolResult>)>,
+    /// Whether each call planned so far is concurrency-safe.
+    safe: Vec<bool>,
+    planned_all: bool,
+    /// Whether the first call has started: once the window is full or
+    /// every call is planned.
+    started: bool,
+    running: tokio::task::JoinSet<Finished>,
+    index_of: HashMap<tokio::task::Id, usize>,
+    /// The concurrent run in flight, if any.
+    group: Option<ConcurrentRun>,
+    results: OrderedResults,
+}
+
+/// A concurrent run: the context its calls see, and their modifiers.
+struct ConcurrentRun {
+    snapshot: Value,
+    queued: Vec<(usize, Value)>,
+}
+
+impl Execution<'_> {
+    fn planned(&mut self, call: Result<Prepared, ToolResult>) {
+        let index = self.safe.len();
+        self.safe.push(matches!(&call, Ok(call) if call.concurrency_safe));
+        self.waiting.push_back((index, call));
+    }
+
+    /// Start every waiting call whose turn it is, in order: safe calls while
+    /// fewer than `cap` run; another call only when nothing runs, awaited
+    /// here. A safe call that would run alone (nothing runs, and the next
+    /// call is not safe) is awaited here too: a run of one gains nothing
+    /// from a task of its own.
+    async fn start_what_can_start(&mut self) {
+        self.started |= self.planned_all || self.waiting.len() >= PLANNING_WINDOW;
+        if !self.started {
+            return;
+        }
+        while let Some(&(index, _)) = self.waiting.front() {
+            let next_safe = match self.waiting.get(1) {
+                Some(&(next, _)) => Some(self.safe[next]),
+                None if self.planned_all => Some(false),
+                None => None,
+            };
+            let lone = self.group.is_none() && next_safe == Some(false);
+            if self.safe[index] && !lone {
+                if self.running.len() >= self.cap {
+                    return;
+                }
+                let (index, call) = self.waiting.pop_front().expect("a call is waiting");
+                self.spawn(index, call);
+            } else {
+                if !self.running.is_empty() {
+                    return;
+                }
+                self.close_group();
+                let (index, call) = self.waiting.pop_front().expect("a call is waiting");
+                let (result, modifier) =
+                    run_one(self.pool, call, self.context.clone(), self.events, self.interrupt).await;
+                let result = self.budget.per_tool(index, result).await;
+                // Serial: the next call sees the change at once.
+                if let Some(patch) = modifier {
+                    context::apply(&mut self.context, &patch);
+                }
+                self.results.finish(index, result, self.events);
             }
-            Some(joined) = running.join_next_with_id() => {
-                let (index, result, modifier) = match joined {
-                    Ok((id, (result, modifier))) => (index_of[&id], result, modifier),
-                    // A call that panicked the host still gets its one result.
-                    Err(error) => {
-                        let index = index_of[&error.id()];
-                        let id = &results.ids[index];
-                        (index, ToolResult::error(id, "the host failed while running this call"), None)
-                    }
-                };
-                queued[index - group.calls.start] = modifier;
-                results.finish(index, result, events);
-            }
-            else => break,
         }
     }
-    for patch in queued.into_iter().flatten() {
-        context::apply(context, &patch);
+
+    /// Start a safe call in a task of its own, in the current run.
+    fn spawn(&mut self, index: usize, call: Result<Prepared, ToolResult>) {
+        let context = &self.context;
+        let run =
+            self.group.get_or_insert_with(|| ConcurrentRun { snapshot: context.clone(), queued: Vec::new() });
+        let (pool, events, interrupt) = (self.pool.clone(), self.events.clone(), self.interrupt.clone());
+        let (snapshot, budget, threshold) =
+            (run.snapshot.clone(), self.budget.budget.clone(), self.budget.thresholds[index]);
+        let task = self.running.spawn(async move {
+            let (result, modifier) = run_one(&pool, call, snapshot, &events, &interrupt).await;
+            (index, budget.per_tool(result, threshold).await, modifier)
+        });
+        self.index_of.insert(task.id(), index);
+    }
+
+    fn joined(&mut self, joined: Result<(tokio::task::Id, Finished), tokio::task::JoinError>) {
+        let (index, result, modifier) = match joined {
+            Ok((id, finished)) => {
+                self.index_of.remove(&id);
+                finished
+            }
+            // A call that panicked the host still gets its one result.
+            Err(error) => {
+                let index = self.index_of.remove(&error.id()).expect("every task has an index");
+                let id = &self.results.ids[index];
+                (index, ToolResult::error(id, "the host failed while running this call"), None)
+            }
+        };
+        if let (Some(run), Some(patch)) = (&mut self.group, modifier) {
+            run.queued.push((index, patch));
+        }
+        self.results.finish(index, result, self.events);
+    }
+
+    /// End the concurrent run, if one was in flight: apply its queued
+    /// modifiers in the batch's order.
+    fn close_group(&mut self) {
+        if let Some(mut run) = self.group.take() {
+            run.queued.sort_by_key(|&(index, _)| index);
+            for (_, patch) in run.queued {
+                context::apply(&mut self.context, &patch);
+            }
+        }
     }
 }
 

@@ -201,3 +201,50 @@ fn an_interrupt_before_anything_starts_gives_every_call_an_interrupted_result() 
         ]
     );
 }
+
+#[test]
+fn a_batch_longer_than_the_planning_window_runs_whole_and_in_order() {
+    let workspace = tempfile::tempdir().unwrap();
+    let builder = host_of(workspace.path(), &["keel_tool_echo", "keel_tool_write_file"]);
+    let host = block_on(builder.build()).unwrap();
+    let echo = |i: usize| ToolUse::new(format!("e{i:03}"), "echo", json!({ "text": format!("{i}") }));
+    let mut uses: Vec<ToolUse> = (0..150).map(echo).collect();
+    uses[100] = ToolUse::new("w", "write_file", json!({ "file_path": "f.txt", "content": "x" }));
+    uses[120] = ToolUse::new("u", "no_such_tool", json!({}));
+    let ids: Vec<String> = uses.iter().map(|tool_use| tool_use.id.clone()).collect();
+    let (events, results, _) = events_of(&host, uses);
+
+    let got: Vec<&str> = results.iter().map(|result| result.tool_use_id.as_str()).collect();
+    assert_eq!(got, ids, "one result per call, in order");
+    assert_eq!(results[7], ToolResult::ok("e007", "7"));
+    assert_eq!(results[100], ToolResult::ok("w", "Wrote 1 byte to f.txt"));
+    assert!(results[120].is_error && results[120].content.starts_with("No such tool: no_such_tool"));
+    assert_eq!(results.iter().filter(|result| result.is_error).count(), 1);
+
+    let plans: Vec<&Event> = events.iter().filter(|event| matches!(event, Event::BatchPlan { .. })).collect();
+    let [Event::BatchPlan { batches }] = plans.as_slice() else { panic!("one batch plan: {plans:?}") };
+    let shape: Vec<(bool, usize)> =
+        batches.iter().map(|group| (group.concurrent, group.tool_use_ids.len())).collect();
+    assert_eq!(shape, [(true, 100), (false, 1), (true, 19), (false, 1), (true, 29)]);
+    let first_start = events.iter().position(|event| matches!(event, Event::CallStarted { .. })).unwrap();
+    let plan = events.iter().position(|event| matches!(event, Event::BatchPlan { .. })).unwrap();
+    assert!(first_start < plan, "calls at the head start before the tail is planned");
+    let write = |tag: &str| {
+        events
+            .iter()
+            .position(|event| match event {
+                Event::CallStarted { tool_use_id, .. } => tag == "+" && tool_use_id == "w",
+                Event::CallFinished { tool_use_id, .. } => tag == "-" && tool_use_id == "w",
+                _ => false,
+            })
+            .unwrap()
+    };
+    let finished = |id: &str| {
+        events
+            .iter()
+            .position(|event| matches!(event, Event::CallFinished { tool_use_id, .. } if tool_use_id == id))
+    };
+    assert!(finished("e099").unwrap() < write("+"), "the write waits for the run before it");
+    assert!(write("-") < finished("e101").unwrap(), "the run after it waits for the write");
+    assert!(most_in_flight(&events) <= host.max_tool_use_concurrency());
+}
