@@ -1,7 +1,9 @@
 //! The figures of `keel bench`: each keel figure beside a baseline measured
 //! in the same run, on the same engine settings.
 //!
-//! Every figure is a median over repeated rounds. Targets are stated, never
+//! Every figure but the MCP server's CPU time is a median over repeated
+//! rounds; that one is a total over all measured calls, divided by the
+//! calls. Targets are stated, never
 //! asserted: a slow machine reports `met: false` rather than failing.
 
 use std::path::{Path, PathBuf};
@@ -22,6 +24,8 @@ use crate::host::Host;
 use crate::ledger::Ledger;
 use crate::limits::Limits;
 use crate::sandbox::SandboxState;
+
+pub mod mcp;
 
 /// One figure, as `keel bench --json` prints it.
 #[derive(Clone, Debug, Serialize)]
@@ -59,6 +63,13 @@ impl Figure {
         self.met = Some(self.ratio >= target);
         self
     }
+
+    /// A target on keel's value itself, in the figure's unit.
+    fn keel_at_most(mut self, target: f64) -> Self {
+        self.target = Some(format!("keel <= {target} {}", self.unit));
+        self.met = Some(self.keel <= target);
+        self
+    }
 }
 
 /// How long and on what to run.
@@ -68,6 +79,9 @@ pub struct BenchOptions {
     pub quick: bool,
     /// The directory of the bundled example tools (`echo` and `hash`).
     pub tools: PathBuf,
+    /// The `keel` binary: the MCP figures run `keel serve` and their
+    /// baseline ([`mcp::NATIVE_ECHO_ARGS`]) from it as child processes.
+    pub keel: PathBuf,
 }
 
 impl BenchOptions {
@@ -354,6 +368,8 @@ pub const FIGURES: &[&str] = &[
     "tool_work_hash_10mb",
     "budget_per_message_10x1mb",
     "memory_rss",
+    "mcp_round_trip_p50",
+    "mcp_server_cpu_per_call",
 ];
 
 /// Every figure whose name starts with `only` (all when `None`), in order,
@@ -382,6 +398,15 @@ pub fn all(options: &BenchOptions, only: Option<&str>, mut report: impl FnMut(Fi
     }
     if wanted("memory_rss") {
         report(memory(options)?);
+    }
+    if wanted("mcp_round_trip_p50") || wanted("mcp_server_cpu_per_call") {
+        let [latency, cpu] = mcp::round_trip(options)?;
+        if wanted("mcp_round_trip_p50") {
+            report(latency);
+        }
+        if wanted("mcp_server_cpu_per_call") {
+            report(cpu);
+        }
     }
     tracing::debug!("benchmarks took {:?}", start.elapsed());
     Ok(())

@@ -89,7 +89,9 @@ fn bench_quick_prints_one_json_figure_per_line() {
             "startup_50_plugins",
             "tool_work_hash_10mb",
             "budget_per_message_10x1mb",
-            "memory_rss"
+            "memory_rss",
+            "mcp_round_trip_p50",
+            "mcp_server_cpu_per_call"
         ]
     );
     for figure in &figures {

@@ -3,7 +3,7 @@
 use std::io::Write as _;
 use std::path::PathBuf;
 
-use anyhow::Result;
+use anyhow::{Context as _, Result};
 use clap::Args;
 use keel_host::bench::{self, BenchOptions, Figure};
 
@@ -23,10 +23,17 @@ pub struct BenchArgs {
     /// Only the figures whose name starts with this, such as `throughput`.
     #[arg(long, value_name = "NAME")]
     only: Option<String>,
+    /// Serve the baseline of the MCP figures on stdio instead: a native echo
+    /// tool behind rmcp (`bench::mcp::NATIVE_ECHO_ARGS` spawns it).
+    #[arg(long, hide = true)]
+    serve_native_echo: bool,
 }
 
 /// Measure every figure and print it as it is measured.
 pub fn run(args: &BenchArgs) -> Result<()> {
+    if args.serve_native_echo {
+        return Ok(bench::mcp::serve_native_echo()?);
+    }
     // A captured backtrace per wasmtime error would be measured too.
     // SAFETY: nothing else runs yet: the benchmarks start their threads below.
     unsafe { std::env::remove_var("RUST_BACKTRACE") };
@@ -34,16 +41,17 @@ pub fn run(args: &BenchArgs) -> Result<()> {
         Some(dir) => dir.clone(),
         None => super::run::bundled_tools()?,
     };
-    let options = BenchOptions { quick: args.quick, tools };
-    if !args.json {
-        println!("{:<58} {:>12} {:>12}  {:<8} {:>7}  target", "figure", "keel", "baseline", "unit", "ratio");
-    }
-    let mut stdout = std::io::stdout();
+    let keel = std::env::current_exe().context("failed to find the keel binary")?;
+    let options = BenchOptions { quick: args.quick, tools, keel };
     if let Some(only) = &args.only
         && !bench::FIGURES.iter().any(|name| name.starts_with(only.as_str()))
     {
         anyhow::bail!("no figure is named {only}; the figures: {}", bench::FIGURES.join(", "));
     }
+    if !args.json {
+        println!("{:<58} {:>12} {:>12}  {:<8} {:>7}  target", "figure", "keel", "baseline", "unit", "ratio");
+    }
+    let mut stdout = std::io::stdout();
     bench::all(&options, args.only.as_deref(), |figure| {
         let line = if args.json {
             serde_json::to_string(&figure).expect("figures serialize")
