@@ -33,6 +33,14 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // A trap or a limit in a plugin is a wasmtime error, made on the call's
+    // path; where `RUST_BACKTRACE` is set, each would capture a host
+    // backtrace nobody reads. Library backtraces stay off unless asked for
+    // by name; a panic still prints its own.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // SAFETY: no other thread has started yet.
+        unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
+    }
     init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
