@@ -1,11 +1,12 @@
 //! The one wasmtime engine shared by all plugins, its epoch ticker, and the
 //! on-disk compile cache.
 
+use std::collections::HashMap;
 use std::hash::{Hash, Hasher};
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
-use sha2::{Digest, Sha256};
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
@@ -99,15 +100,16 @@ impl Runtime {
     /// Compile `bytes` (read from `path`), or load them from the cache.
     pub fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Compiled> {
         let started = Instant::now();
-        if let Some(component) = self.cache.as_ref().and_then(|cache| cache.load(&self.engine, bytes)) {
-            return Ok(Compiled { component, from_cache: true, time: started.elapsed() });
-        }
-        let component = Component::new(&self.engine, bytes)
-            .map_err(|error| Error::plugin(path, format!("not a valid component: {}", root_cause(&error))))?;
-        if let Some(cache) = &self.cache {
-            cache.store(&component, bytes);
-        }
-        Ok(Compiled { component, from_cache: false, time: started.elapsed() })
+        let compile = || {
+            Component::new(&self.engine, bytes).map_err(|error| {
+                Error::plugin(path, format!("not a valid component: {}", root_cause(&error)))
+            })
+        };
+        let (component, from_cache) = match &self.cache {
+            Some(cache) => cache.get_or_compile(&self.engine, bytes, compile)?,
+            None => (compile()?, false),
+        };
+        Ok(Compiled { component, from_cache, time: started.elapsed() })
     }
 }
 
@@ -144,59 +146,101 @@ fn start_epoch_ticker(engine: &Engine) {
 
 /// Compiled components on disk, so a second start does not recompile.
 ///
-/// A file's name is the sha256 of the component's bytes plus a fingerprint of
-/// the wasmtime version and every engine setting that affects compiled code:
-/// a change of either misses the cache instead of loading stale code.
+/// A file's name is the BLAKE3 hash of the component's bytes plus a
+/// fingerprint of the wasmtime version and every engine setting that affects
+/// compiled code: a change of either misses the cache instead of loading
+/// stale code. BLAKE3 is as collision-resistant as sha256 and several times
+/// faster, which matters because every start hashes every plugin in full.
+/// (Entries named by the earlier sha256 scheme are never looked up again.)
 struct CompileCache {
     dir: PathBuf,
     engine_key: String,
+    /// A lock for each entry this runtime has compiled.
+    compiling: Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
 }
 
 impl CompileCache {
     fn new(dir: PathBuf, engine: &Engine) -> Self {
-        let mut hasher = Sha256Hasher(Sha256::new());
+        let mut hasher = Blake3Hasher(blake3::Hasher::new());
         env!("CARGO_PKG_VERSION").hash(&mut hasher);
         engine.precompile_compatibility_hash().hash(&mut hasher);
-        let engine_key = hex(&hasher.0.finalize()[..8]);
-        CompileCache { dir, engine_key }
+        let engine_key = hex(&hasher.0.finalize().as_bytes()[..8]);
+        CompileCache { dir, engine_key, compiling: Mutex::default() }
     }
 
-    fn path(&self, bytes: &[u8]) -> PathBuf {
-        let key = hex(&Sha256::digest(bytes));
-        self.dir.join(format!("{key}-{}.cwasm", self.engine_key))
-    }
-
-    fn load(&self, engine: &Engine, bytes: &[u8]) -> Option<Component> {
-        let path = self.path(bytes);
-        if !path.exists() {
-            return None;
+    /// The component `bytes` from its entry, or else made by `compile` and
+    /// stored; and whether it came from the cache.
+    fn get_or_compile(
+        &self,
+        engine: &Engine,
+        bytes: &[u8],
+        compile: impl FnOnce() -> Result<Component>,
+    ) -> Result<(Component, bool)> {
+        // The bytes are hashed once: the entry looked up is the one written.
+        let entry = self.entry(bytes);
+        if let Some(component) = load_cached(engine, &entry) {
+            return Ok((component, true));
         }
-        // SAFETY: `deserialize_file` trusts the file to hold code compiled by
-        // this wasmtime for this engine configuration. It does: the cache
-        // directory is written only by `store` below, atomically (a complete
-        // file or none), and the file name binds the exact component bytes
-        // and the engine's compatibility fingerprint, so no other code or
-        // configuration can be found under this name. wasmtime still checks
-        // the header's version and settings and refuses a mismatch.
-        match unsafe { Component::deserialize_file(engine, &path) } {
-            Ok(component) => Some(component),
-            Err(error) => {
-                tracing::warn!(path = %path.display(), "ignoring unreadable compile cache entry: {}", root_cause(&error));
-                None
-            }
+        // Plugins load in parallel: of two loads of the same bytes, the
+        // second waits while the first compiles them, then finds their entry.
+        let lock = {
+            let mut compiling = self.compiling.lock().unwrap_or_else(PoisonError::into_inner);
+            compiling.entry(entry.clone()).or_default().clone()
+        };
+        let _compiling = lock.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(component) = load_cached(engine, &entry) {
+            return Ok((component, true));
         }
+        let component = compile()?;
+        self.store(&component, &entry);
+        Ok((component, false))
     }
 
-    fn store(&self, component: &Component, bytes: &[u8]) {
-        let path = self.path(bytes);
+    /// The entry of the component `bytes`: a name bound to these exact
+    /// bytes and this engine.
+    fn entry(&self, bytes: &[u8]) -> PathBuf {
+        self.dir.join(format!("{}-{}.cwasm", blake3::hash(bytes).to_hex(), self.engine_key))
+    }
+
+    fn store(&self, component: &Component, entry: &Path) {
         let written = component
             .serialize()
             .map_err(|error| root_cause(&error))
-            .and_then(|code| write_atomically(&self.dir, &path, &code).map_err(|error| error.to_string()));
+            .and_then(|code| write_atomically(&self.dir, entry, &code).map_err(|error| error.to_string()));
         if let Err(error) = written {
-            tracing::warn!(path = %path.display(), "failed to write compile cache: {error}");
+            tracing::warn!(path = %entry.display(), "failed to write compile cache: {error}");
         }
     }
+}
+
+/// The component cached at `entry` (a name from [`CompileCache::entry`]), or
+/// `None` when there is none or it cannot be used.
+fn load_cached(engine: &Engine, entry: &Path) -> Option<Component> {
+    // SAFETY: `deserialize_file` trusts the file to hold code compiled by
+    // this wasmtime for this engine configuration, and to stay unchanged
+    // while it is mapped. It does: the cache directory is written only by
+    // `CompileCache::store`, atomically (a complete new file renamed over
+    // the name, never a file changed in place), and the name binds the exact
+    // component bytes (their BLAKE3 hash, computed from the very bytes that
+    // are compiled on a miss) and the engine's compatibility fingerprint, so
+    // no other code or configuration can be found under it. A missing file
+    // is only a miss. wasmtime still checks the header's version and
+    // settings and refuses a mismatch.
+    match unsafe { Component::deserialize_file(engine, entry) } {
+        Ok(component) => Some(component),
+        Err(error) if is_not_found(&error) => None,
+        Err(error) => {
+            tracing::warn!(path = %entry.display(), "ignoring unreadable compile cache entry: {}", root_cause(&error));
+            None
+        }
+    }
+}
+
+/// Whether `error` says the file does not exist: a miss, not a fault.
+fn is_not_found(error: &wasmtime::Error) -> bool {
+    error.chain().any(|cause| {
+        cause.downcast_ref::<std::io::Error>().is_some_and(|io| io.kind() == std::io::ErrorKind::NotFound)
+    })
 }
 
 /// Write `contents` to `path` so that readers see the old file, or the whole
@@ -212,9 +256,10 @@ pub(crate) fn write_atomically(dir: &Path, path: &Path, contents: &[u8]) -> std:
     Ok(())
 }
 
-struct Sha256Hasher(Sha256);
+/// Feeds `Hash` values into BLAKE3, for the engine fingerprint.
+struct Blake3Hasher(blake3::Hasher);
 
-impl Hasher for Sha256Hasher {
+impl Hasher for Blake3Hasher {
     fn finish(&self) -> u64 {
         unreachable!("only the digest is read")
     }
@@ -238,4 +283,40 @@ pub fn default_cache_dir() -> Option<PathBuf> {
         return Some(PathBuf::from(dir).join("keel"));
     }
     std::env::var_os("HOME").map(|home| PathBuf::from(home).join(".cache/keel"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn component(answer: i32) -> Vec<u8> {
+        wat::parse_str(format!("(component (core module (func (result i32) i32.const {answer})))")).unwrap()
+    }
+
+    #[test]
+    fn a_cache_entry_is_bound_to_the_exact_bytes() {
+        let cache = tempfile::tempdir().unwrap();
+        let runtime = Runtime::new(&Limits::default(), Some(cache.path().to_path_buf())).unwrap();
+        let path = Path::new("plugin.wasm");
+        assert!(!runtime.compile(path, &component(1)).unwrap().from_cache, "a cold cache compiles");
+        assert!(runtime.compile(path, &component(1)).unwrap().from_cache, "the same bytes hit");
+        assert!(!runtime.compile(path, &component(2)).unwrap().from_cache, "other bytes miss");
+        assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 2);
+    }
+
+    #[test]
+    fn the_same_bytes_loaded_at_once_are_compiled_once() {
+        let cache = tempfile::tempdir().unwrap();
+        let runtime = Runtime::new(&Limits::default(), Some(cache.path().to_path_buf())).unwrap();
+        let bytes = component(3);
+        let compiled = std::thread::scope(|scope| {
+            let loads: Vec<_> = (0..4)
+                .map(|_| {
+                    scope.spawn(|| runtime.compile(Path::new("plugin.wasm"), &bytes).unwrap().from_cache)
+                })
+                .collect();
+            loads.into_iter().map(|load| load.join().unwrap()).filter(|from_cache| !from_cache).count()
+        });
+        assert_eq!(compiled, 1, "one load compiles, the others wait and load its entry");
+    }
 }

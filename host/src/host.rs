@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
 
@@ -128,6 +129,11 @@ impl HostBuilder {
 
     /// Load every plugin and assemble the pool. Fails on the first plugin that
     /// cannot be loaded, naming its file.
+    ///
+    /// Plugins load in parallel, up to one per core (see [`load_plugins`]);
+    /// the outcome is the same as loading them one after another: the pool,
+    /// the load reports in the order of the files, and the error of the
+    /// first file in that order that fails.
     pub async fn build(self) -> Result<Host> {
         let workspace = match self.workspace {
             Some(dir) => dir,
@@ -145,14 +151,26 @@ impl HostBuilder {
                 .map_err(|error| Error::io("open workspace", &workspace, error))?;
             builtins.push(Arc::new(read));
         }
-        let mut plugins: Vec<Arc<dyn Tool>> = Vec::new();
-        let mut reports = Vec::new();
+        // Every plugin file in order, up to a path that cannot be listed: its
+        // error counts only when no plugin before it fails to load.
+        let mut files = Vec::new();
+        let mut listed = Ok(());
         for path in &self.plugin_paths {
-            for file in plugin_files(path)? {
-                let plugin = PluginTool::load_with_grants(&runtime, &file, &grants, &limits).await?;
-                reports.push((plugin.spec().name.clone(), plugin.load_report().clone()));
-                plugins.push(Arc::new(plugin));
+            match plugin_files(path) {
+                Ok(found) => files.extend(found),
+                Err(error) => {
+                    listed = Err(error);
+                    break;
+                }
             }
+        }
+        let loaded = load_plugins(&runtime, files, grants, limits).await?;
+        listed?;
+        let mut plugins: Vec<Arc<dyn Tool>> = Vec::with_capacity(loaded.len());
+        let mut reports = Vec::with_capacity(loaded.len());
+        for plugin in loaded {
+            reports.push((plugin.spec().name.clone(), plugin.load_report().clone()));
+            plugins.push(Arc::new(plugin));
         }
         let mut permissions = Permissions::new(self.config.permissions.clone());
         if let Some(prompter) = self.prompter {
@@ -179,6 +197,94 @@ impl HostBuilder {
             summarizer: self.summarizer.unwrap_or_else(|| Arc::new(DefaultSummarizer)),
         };
         Ok(Host { runtime, pool: Arc::new(pool), workspace, warnings, reports, options })
+    }
+}
+
+/// Load the plugins in `files`, several at once: up to one per core, each on
+/// a blocking thread of the current tokio runtime, so that neither its
+/// worker threads nor the caller's are held by reading, hashing,
+/// deserialising or compiling code. The plugins come back in the order of
+/// `files`. Fails with the error of the first file, in that order, that
+/// cannot be loaded, whichever failed first in time; files after it are not
+/// started once it is known.
+async fn load_plugins(
+    runtime: &Arc<Runtime>,
+    files: Vec<PathBuf>,
+    grants: Grants,
+    limits: Limits,
+) -> Result<Vec<PluginTool>> {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from).min(files.len());
+    let queue = Arc::new(LoadQueue {
+        needed: AtomicUsize::new(files.len()),
+        next: AtomicUsize::new(0),
+        files,
+        runtime: runtime.clone(),
+        grants,
+        limits,
+    });
+    // A build that is dropped part-way leaves the remaining files unstarted.
+    let _abandon = AbandonOnDrop(queue.clone());
+    let handle = tokio::runtime::Handle::current();
+    let workers: Vec<_> = (0..threads)
+        .map(|_| {
+            let (queue, handle) = (queue.clone(), handle.clone());
+            tokio::task::spawn_blocking(move || queue.work(&handle))
+        })
+        .collect();
+    let mut loaded = Vec::with_capacity(queue.files.len());
+    for worker in workers {
+        match worker.await {
+            Ok(results) => loaded.extend(results),
+            Err(error) => std::panic::resume_unwind(error.into_panic()),
+        }
+    }
+    loaded.sort_unstable_by_key(|(index, _)| *index);
+    loaded.into_iter().map(|(_, result)| result).collect()
+}
+
+/// The files of [`load_plugins`], taken in order by its threads.
+struct LoadQueue {
+    files: Vec<PathBuf>,
+    /// How many files, from the first, the outcome still needs: all of them
+    /// until one fails, then those up to the first failure known.
+    needed: AtomicUsize,
+    /// The index of the next file to take.
+    next: AtomicUsize,
+    runtime: Arc<Runtime>,
+    grants: Grants,
+    limits: Limits,
+}
+
+impl LoadQueue {
+    /// Load files until none is left or needed, giving each outcome with
+    /// its file's index. Every file before the first failure is loaded: a
+    /// thread skips only files after a known failure, and files are taken
+    /// in order.
+    fn work(&self, handle: &tokio::runtime::Handle) -> Vec<(usize, Result<PluginTool>)> {
+        let mut results = Vec::new();
+        loop {
+            let index = self.next.fetch_add(1, Ordering::Relaxed);
+            if index >= self.needed.load(Ordering::Relaxed) {
+                return results;
+            }
+            let load =
+                PluginTool::load_with_grants(&self.runtime, &self.files[index], &self.grants, &self.limits);
+            let result = handle.block_on(load);
+            if result.is_err() {
+                self.needed.fetch_min(index + 1, Ordering::Relaxed);
+            }
+            results.push((index, result));
+        }
+    }
+}
+
+/// Tells the threads of [`load_plugins`] to start no more files when its
+/// future is dropped.
+struct AbandonOnDrop(Arc<LoadQueue>);
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        self.0.needed.store(0, Ordering::Relaxed);
     }
 }
 
@@ -397,5 +503,75 @@ impl BatchRun {
             // resuming the panic is better than inventing results.
             Err(error) => std::panic::resume_unwind(error.into_panic()),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn build(workspace: &Path, paths: &[&Path]) -> Result<Host> {
+        let builder =
+            paths.iter().fold(Host::builder().workspace(workspace).cache_dir(None), |builder, path| {
+                builder.plugins(*path)
+            });
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        runtime.block_on(builder.build())
+    }
+
+    /// A component that takes a while to compile and then fails the
+    /// contract check: it exports nothing.
+    fn slow_bad_component() -> Vec<u8> {
+        let functions: String = (0..2_000)
+            .map(|i| {
+                format!(
+                    "(func (param i32) (result i32) local.get 0 i32.const {i} i32.mul i32.const 7 i32.add)"
+                )
+            })
+            .collect();
+        wat::parse_str(format!("(component (core module {functions}))")).unwrap()
+    }
+
+    #[test]
+    fn the_error_is_the_first_failing_file_in_order_not_in_time() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("p00.wasm"), slow_bad_component()).unwrap();
+        for i in 1..20 {
+            std::fs::write(dir.path().join(format!("p{i:02}.wasm")), "not wasm").unwrap();
+        }
+        for _ in 0..3 {
+            let error = build(dir.path(), &[dir.path()]).err().expect("no file loads").to_string();
+            let first = dir.path().join("p00.wasm");
+            assert!(error.starts_with(&format!("failed to load plugin {}: ", first.display())), "{error}");
+            assert!(error.contains("does not export"), "{error}");
+        }
+    }
+
+    #[test]
+    fn a_load_error_before_an_unlistable_path_wins_and_one_after_it_does_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let bad = dir.path().join("bad.wasm");
+        std::fs::write(&bad, "not wasm").unwrap();
+        let missing = dir.path().join("missing");
+        let error = build(dir.path(), &[&bad, &missing]).err().unwrap().to_string();
+        assert!(error.starts_with(&format!("failed to load plugin {}: ", bad.display())), "{error}");
+        let error = build(dir.path(), &[&missing, &bad]).err().unwrap().to_string();
+        assert!(error.starts_with(&format!("failed to read {}: ", missing.display())), "{error}");
+    }
+
+    #[test]
+    fn load_reports_follow_the_order_of_the_files() {
+        let dir = tempfile::tempdir().unwrap();
+        // File order is the reverse of tool-name order.
+        let tools = ["keel_tool_write_file", "keel_tool_grep", "keel_tool_echo"];
+        for (i, tool) in tools.iter().enumerate() {
+            std::fs::copy(keel_tests::guest(tool), dir.path().join(format!("p{i}.wasm"))).unwrap();
+        }
+        let host = build(dir.path(), &[dir.path()]).unwrap();
+        let names: Vec<&str> = host.load_reports().iter().map(|(name, _)| name.as_str()).collect();
+        assert_eq!(names, ["write_file", "grep", "echo"]);
+        let pool: Vec<&str> =
+            host.pool().entries().iter().map(|entry| entry.tool.spec().name.as_str()).collect();
+        assert_eq!(pool, ["Read", "echo", "grep", "write_file"]);
     }
 }
