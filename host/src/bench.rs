@@ -20,10 +20,11 @@ use crate::bindings::ToolPre;
 use crate::budget::{Budget, BudgetConfig, Threshold};
 use crate::engine::Runtime;
 use crate::error::{Error, Result};
+use crate::grants::PluginGrant;
 use crate::host::Host;
 use crate::ledger::Ledger;
 use crate::limits::Limits;
-use crate::sandbox::SandboxState;
+use crate::sandbox::{Mounts, SandboxState};
 
 pub mod mcp;
 
@@ -120,7 +121,10 @@ struct Floor {
 
 impl Floor {
     fn new(path: &Path) -> Result<Self> {
-        let runtime = Runtime::new(&Limits::default(), None)?;
+        Floor::on(Runtime::new(&Limits::default(), None)?, path)
+    }
+
+    fn on(runtime: Runtime, path: &Path) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|error| Error::io("read", path, error))?;
         let compiled = runtime.compile(path, &bytes)?;
         let pre = runtime
@@ -133,12 +137,18 @@ impl Floor {
 
     /// A fresh store, instantiate, one `call`: nothing else.
     async fn call(&self, input: &str) -> String {
-        let mut store = Store::new(self.pre.engine(), SandboxState::bare());
-        store.set_fuel(u64::MAX).expect("fuel is on");
+        self.call_in(SandboxState::bare(), input).await.expect("echo does not fail")
+    }
+
+    /// [`Floor::call`] in a store holding `state`; the tool's own error is `Err`.
+    async fn call_in(&self, state: SandboxState, input: &str) -> std::result::Result<String, String> {
+        let mut store = Store::new(self.pre.engine(), state);
+        // An engine without fuel refuses any: that is what it is for.
+        let _ = store.set_fuel(u64::MAX);
         store.set_epoch_deadline(u64::MAX / 2);
         let tool = self.pre.instantiate_async(&mut store).await.expect("the floor instantiates");
         let output = tool.keel_tool_guest().call_call(&mut store, input, r#"{"cwd":"/workspace"}"#).await;
-        output.expect("the floor's call does not trap").expect("echo does not fail").content
+        output.expect("the floor's call does not trap").map(|output| output.content)
     }
 }
 
@@ -276,8 +286,10 @@ pub fn startup(options: &BenchOptions) -> Result<Figure> {
     Ok(figure)
 }
 
-/// Figure 5: `hash` of 10 MB in keel against the same sha256 natively.
-pub fn tool_work(options: &BenchOptions) -> Result<Figure> {
+/// Figure 5: `hash` of 10 MB in keel against the same sha256 natively; and
+/// the same call on a bare engine with fuel and epoch interruption off, so
+/// that what metering costs shows apart from the rest of the path.
+pub fn tool_work(options: &BenchOptions) -> Result<Vec<Figure>> {
     let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
     let size = options.scale(10 << 20, 1 << 20);
     let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
@@ -285,23 +297,45 @@ pub fn tool_work(options: &BenchOptions) -> Result<Figure> {
     std::fs::write(&path, &bytes).map_err(|error| Error::io("write", &path, error))?;
     let rt = runtime(1);
     let host = rt.block_on(echo_host(options, workspace.path()))?;
-    let call = [ToolUse::new("toolu_1", "hash", json!({ "file_path": "data.bin" }))];
+    let input = json!({ "file_path": "data.bin" });
+    let call = [ToolUse::new("toolu_1", "hash", input.clone())];
     let rounds = options.scale(7, 3);
-    let keel: Vec<f64> = (0..rounds)
-        .map(|_| {
-            let started = Instant::now();
-            rt.block_on(host.run_batch(&call));
-            started.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    let native: Vec<f64> = (0..rounds)
-        .map(|_| {
-            let started = Instant::now();
-            std::hint::black_box(Sha256::digest(&bytes));
-            started.elapsed().as_secs_f64() * 1e3
-        })
-        .collect();
-    Ok(Figure::new("tool_work_hash_10mb (keel with fuel+epoch / native)", median(keel), median(native), "ms"))
+    let time = |mut f: Box<dyn FnMut() + '_>| -> Vec<f64> {
+        (0..rounds)
+            .map(|_| {
+                let started = Instant::now();
+                f();
+                started.elapsed().as_secs_f64() * 1e3
+            })
+            .collect()
+    };
+    let keel = time(Box::new(|| {
+        let outcome = rt.block_on(host.run_batch(&call));
+        assert!(!outcome.results[0].is_error, "hash failed: {}", outcome.results[0].content);
+    }));
+    let native = time(Box::new(|| {
+        std::hint::black_box(Sha256::digest(&bytes));
+    }));
+    let unmetered = Floor::on(Runtime::unmetered(&Limits::default())?, &options.tool("hash"))?;
+    let mounts = Arc::new(
+        Mounts::open(&PluginGrant::workspace_only(workspace.path()))
+            .map_err(|error| Error::io("open", workspace.path(), error))?,
+    );
+    let input = input.to_string();
+    let off = time(Box::new(|| {
+        let output = rt.block_on(unmetered.call_in(SandboxState::bare_in(mounts.clone()), &input));
+        assert!(output.is_ok(), "hash failed: {output:?}");
+    }));
+    let native = median(native);
+    Ok(vec![
+        Figure::new("tool_work_hash_10mb (keel with fuel+epoch / native)", median(keel), native, "ms"),
+        Figure::new(
+            "tool_work_hash_10mb_unmetered (bare, fuel+epoch off / native)",
+            median(off),
+            native,
+            "ms",
+        ),
+    ])
 }
 
 /// Figure 6: per-message enforcement over ten 1 MB results against a plain
@@ -391,7 +425,7 @@ pub fn all(options: &BenchOptions, only: Option<&str>, mut report: impl FnMut(Fi
         report(startup(options)?);
     }
     if wanted("tool_work_hash_10mb") {
-        report(tool_work(options)?);
+        tool_work(options)?.into_iter().for_each(&mut report);
     }
     if wanted("budget_per_message_10x1mb") {
         report(budgets(options)?);

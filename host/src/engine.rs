@@ -35,6 +35,17 @@ pub struct Runtime {
 impl Runtime {
     /// Build the engine for `limits`, caching compiled code in `cache_dir`.
     pub fn new(limits: &Limits, cache_dir: Option<PathBuf>) -> Result<Self> {
+        Runtime::build(limits, cache_dir, true)
+    }
+
+    /// The same engine with neither fuel nor epoch interruption: a guest on
+    /// it cannot be stopped. Only for the benchmark that shows what metering
+    /// costs.
+    pub(crate) fn unmetered(limits: &Limits) -> Result<Self> {
+        Runtime::build(limits, None, false)
+    }
+
+    fn build(limits: &Limits, cache_dir: Option<PathBuf>, metered: bool) -> Result<Self> {
         let mut pool = PoolingAllocationConfig::new();
         pool.total_component_instances(MAX_LIVE_INSTANCES)
             .total_core_instances(MAX_LIVE_INSTANCES * 4)
@@ -55,14 +66,16 @@ impl Runtime {
         let mut config = Config::new();
         config
             .wasm_component_model(true)
-            .consume_fuel(true)
-            .epoch_interruption(true)
+            .consume_fuel(metered)
+            .epoch_interruption(metered)
             .max_wasm_stack(limits.stack)
             .async_stack_size(limits.stack + (1 << 20))
             .concurrency_support(false)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config).map_err(|error| Error::Engine(format!("{error:#}")))?;
-        start_epoch_ticker(&engine);
+        if metered {
+            start_epoch_ticker(&engine);
+        }
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)

@@ -260,12 +260,17 @@ impl SandboxState {
     /// limiter, output dropped. Only the benchmark's floor uses it, to
     /// measure what a fresh instance costs with nothing of keel around it.
     pub(crate) fn bare() -> Self {
+        SandboxState::bare_in(Arc::new(Mounts::none()))
+    }
+
+    /// [`SandboxState::bare`], with `mounts` read-only.
+    pub(crate) fn bare_in(mounts: Arc<Mounts>) -> Self {
         let capture = Capture::new(0);
         SandboxState {
             wasi: WasiCtxBuilder::new().build(),
             table: ResourceTable::new(),
-            mounts: Arc::new(Mounts::none()),
-            grant: Grant::Nothing,
+            mounts,
+            grant: Grant::ReadOnly,
             limiter: CallLimiter { memory: usize::MAX, table_elements: usize::MAX, hit: None },
             plugin: Arc::from("floor"),
             progress: None,

@@ -88,6 +88,7 @@ fn bench_quick_prints_one_json_figure_per_line() {
             "batch_speedup",
             "startup_50_plugins",
             "tool_work_hash_10mb",
+            "tool_work_hash_10mb_unmetered",
             "budget_per_message_10x1mb",
             "memory_rss",
             "mcp_round_trip_p50",
