@@ -272,7 +272,8 @@ pub fn startup(options: &BenchOptions) -> Result<Figure> {
     let rt = runtime(cores());
     let start = |cache: Option<PathBuf>| {
         let started = Instant::now();
-        let build = Host::builder().workspace(plugins.path()).plugins(plugins.path()).cache_dir(cache).build();
+        let build =
+            Host::builder().workspace(plugins.path()).plugins(plugins.path()).cache_dir(cache).build();
         // The copies' names clash, and each clash is a warning: not what is measured.
         let quiet = tracing::subscriber::NoSubscriber::default();
         tracing::subscriber::with_default(quiet, || rt.block_on(build))
