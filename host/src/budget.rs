@@ -55,6 +55,7 @@ pub use self::persist::{
 use crate::batch::ToolResult;
 use crate::ledger::{Decision, Ledger};
 pub use crate::plugin::DEFAULT_MAX_RESULT_SIZE_CHARS;
+use crate::pool::ToolPool;
 use crate::tool::{ResultSize, ToolSpec};
 
 /// Tokens one result may cost at most, whatever the tool declares.
@@ -224,6 +225,13 @@ impl Budget {
             Some(&chars) => Threshold::Chars(chars),
             None => Threshold::Chars(declared.min(DEFAULT_MAX_RESULT_SIZE_CHARS)),
         }
+    }
+
+    /// [`Budget::threshold`] of the tool `name` resolves to in `pool`; the
+    /// default for a name no tool answers to (its call fails before any
+    /// output).
+    pub fn threshold_in(&self, pool: &ToolPool, name: &str) -> Threshold {
+        pool.get(name).map_or_else(Threshold::default, |entry| self.threshold(entry.tool.spec()))
     }
 
     /// What a loaded set of tools should be warned about, once, at load: an

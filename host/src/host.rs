@@ -8,7 +8,6 @@ use serde_json::Value;
 
 use crate::batch::{ToolResult, ToolUse};
 use crate::budget::Budget;
-use crate::budget::Threshold;
 use crate::builtin;
 use crate::config::Config;
 use crate::context;
@@ -465,9 +464,7 @@ impl PlannedCall {
             return (result, None);
         }
         let events: Arc<dyn Fn(Event) + Send + Sync> = Arc::new(events);
-        let threshold = pool
-            .get(&prepared.name)
-            .map_or_else(Threshold::default, |entry| options.budget.threshold(entry.tool.spec()));
+        let threshold = options.budget.threshold_in(&pool, &prepared.name);
         let activity = prepared.activity().await;
         events(Event::CallStarted { tool_use_id: id.clone(), tool: prepared.name.clone(), activity });
         let progress = {

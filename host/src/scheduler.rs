@@ -138,13 +138,8 @@ pub async fn run(
     let cap = options.cap.max(1);
     let fuel = options.batch_fuel.map(BatchFuel::new);
     let ids: Vec<String> = uses.iter().map(|tool_use| tool_use.id.clone()).collect();
-    let thresholds: Vec<Threshold> = uses
-        .iter()
-        .map(|tool_use| {
-            pool.get(&tool_use.name)
-                .map_or_else(Threshold::default, |e| options.budget.threshold(e.tool.spec()))
-        })
-        .collect();
+    let thresholds: Vec<Threshold> =
+        uses.iter().map(|tool_use| options.budget.threshold_in(&pool, &tool_use.name)).collect();
 
     // Planning spreads over the workers too, keeping the batch's order.
     let alone = uses.len() == 1;
