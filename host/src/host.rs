@@ -22,9 +22,9 @@ use crate::permissions::{Permissions, Prompter};
 use crate::plugin::{LoadReport, PluginTool, plugin_files};
 use crate::pool::{PoolOptions, ToolPool};
 use crate::runner::{self, Prepared};
-use crate::scheduler::{self, BatchOutcome, Interrupt, RunOptions};
+use crate::scheduler::{self, BatchOutcome, Events, Interrupt, RunOptions};
 use crate::summary::{DefaultSummarizer, Summarizer};
-use crate::tool::{CallContext, Tool};
+use crate::tool::Tool;
 
 /// Where a session's persisted results go by default, inside the workspace.
 pub const DEFAULT_SESSION_DIR: &str = ".keel/session";
@@ -353,14 +353,10 @@ impl Host {
     pub fn start_batch(&self, uses: Vec<ToolUse>, context: serde_json::Value) -> BatchRun {
         let (sender, events) = tokio::sync::mpsc::unbounded_channel();
         let interrupt = Interrupt::new();
-        let task = tokio::spawn(scheduler::run(
-            self.pool.clone(),
-            uses,
-            context,
-            self.options.clone(),
-            sender,
-            interrupt.clone(),
-        ));
+        let (pool, options, sink, stop) =
+            (self.pool.clone(), self.options.clone(), Events::Channel(sender), interrupt.clone());
+        let task =
+            tokio::spawn(async move { scheduler::run(pool, &uses, context, options, sink, stop).await });
         BatchRun { events, interrupt, task }
     }
 
@@ -370,21 +366,25 @@ impl Host {
     /// its own: nobody reads its events, and a hop to another thread and
     /// back would cost more than a small call itself.
     pub async fn run_batch(&self, uses: &[ToolUse]) -> BatchOutcome {
-        let (sender, _) = tokio::sync::mpsc::unbounded_channel();
-        let run = scheduler::run(
-            self.pool.clone(),
-            uses.to_vec(),
-            context::initial(),
-            self.options.clone(),
-            sender,
-            Interrupt::new(),
-        );
         if uses.len() <= 1 {
-            return run.await;
+            let options = self.options.clone();
+            return scheduler::run(
+                self.pool.clone(),
+                uses,
+                context::initial(),
+                options,
+                Events::Nobody,
+                Interrupt::new(),
+            )
+            .await;
         }
         // A longer batch runs as a task of its own, on the runtime's workers:
         // its calls' tasks then wake it without crossing to the caller's
         // thread (1,000 safe calls ran 15% faster).
+        let (pool, uses, options) = (self.pool.clone(), uses.to_vec(), self.options.clone());
+        let run = async move {
+            scheduler::run(pool, &uses, context::initial(), options, Events::Nobody, Interrupt::new()).await
+        };
         match tokio::spawn(run).await {
             Ok(outcome) => outcome,
             Err(error) => std::panic::resume_unwind(error.into_panic()),
@@ -442,9 +442,10 @@ impl PlannedCall {
     /// Run the call from `context` the way a batch runs each call: the
     /// tool's own `check` (validation, then its permission decision), then the host's
     /// permission rules, then the call in its sandbox, then the result
-    /// budgets, with the result as a message of its own. `events` gets
-    /// `call_started`, each `progress` the moment the tool reports it,
-    /// `call_finished` and `tool_result`. An interrupt stops a call whose
+    /// budgets, with the result as a message of its own. `events`, when
+    /// given, gets `call_started`, each `progress` the moment the tool
+    /// reports it, `call_finished` and `tool_result`; with no reader, the tool
+    /// is not asked for its activity. An interrupt stops a call whose
     /// tool's interrupt behaviour is `cancel`; a `block` call runs to its end;
     /// a call interrupted before it started never starts.
     ///
@@ -453,30 +454,19 @@ impl PlannedCall {
     pub async fn run(
         self,
         context: Value,
-        events: impl Fn(Event) + Send + Sync + 'static,
+        events: Option<Arc<dyn Fn(Event) + Send + Sync>>,
         interrupt: &Interrupt,
     ) -> (ToolResult, Option<Value>) {
-        let PlannedCall { mut prepared, pool, options } = self;
-        let id = prepared.id.clone();
-        if interrupt.is_interrupted() {
-            let result = ToolResult::error(&id, runner::NOT_STARTED);
-            events(Event::tool_result(&result));
-            return (result, None);
-        }
-        let events: Arc<dyn Fn(Event) + Send + Sync> = Arc::new(events);
+        let PlannedCall { prepared, pool, options } = self;
+        let events = events.map_or(Events::Nobody, Events::Sink);
         let threshold = options.budget.threshold_in(&pool, &prepared.name);
-        let activity = prepared.activity().await;
-        events(Event::CallStarted { tool_use_id: id.clone(), tool: prepared.name.clone(), activity });
-        let progress = {
-            let (events, id) = (events.clone(), id.clone());
-            Arc::new(move |data| events(Event::Progress { tool_use_id: id.clone(), data }))
-        };
-        let (result, modifier) = prepared.run(&pool, CallContext { context, progress }, interrupt).await;
-        events(Event::CallFinished { tool_use_id: id, is_error: result.is_error });
-        let mut results = [options.budget.per_tool(result, threshold).await];
+        let (result, modifier) =
+            scheduler::run_call(&pool, Ok(prepared), context, &options.budget, threshold, &events, interrupt)
+                .await;
+        let mut results = [result];
         options.budget.per_message(&mut results, &[threshold], &mut *options.ledger.lock().await).await;
         let [result] = results;
-        events(Event::tool_result(&result));
+        scheduler::emit(&events, Event::tool_result(&result));
         (result, modifier)
     }
 }

@@ -104,12 +104,37 @@ pub struct BatchOutcome {
     pub context: Value,
 }
 
-/// Where events go.
-type Events = mpsc::UnboundedSender<Event>;
+/// Where a batch's events go.
+#[derive(Clone)]
+pub(crate) enum Events {
+    /// To a reader of the batch, who may stop listening.
+    Channel(mpsc::UnboundedSender<Event>),
+    /// To a function, called as each event happens.
+    Sink(Arc<dyn Fn(Event) + Send + Sync>),
+    /// Nowhere: nobody reads them.
+    Nobody,
+}
 
-fn emit(events: &Events, event: Event) {
-    // A caller that stopped listening still gets its outcome.
-    let _ = events.send(event);
+impl Events {
+    /// Whether nobody reads events (any more).
+    fn is_closed(&self) -> bool {
+        match self {
+            Events::Channel(sender) => sender.is_closed(),
+            Events::Sink(_) => false,
+            Events::Nobody => true,
+        }
+    }
+}
+
+pub(crate) fn emit(events: &Events, event: Event) {
+    match events {
+        // A caller that stopped listening still gets its outcome.
+        Events::Channel(sender) => {
+            let _ = sender.send(event);
+        }
+        Events::Sink(sink) => sink(event),
+        Events::Nobody => {}
+    }
 }
 
 /// [`emit`] an event built only when someone listens: a batch run for its
@@ -127,32 +152,77 @@ fn emit_with(events: &Events, event: impl FnOnce() -> Event) {
 /// call instantiates its tool once, and a long batch holds a bounded number
 /// of sandboxes. The `batch_plan` event goes out once every call is planned:
 /// before the first call starts, unless the batch is longer than the window.
-pub async fn run(
+pub(crate) async fn run(
     pool: Arc<ToolPool>,
-    uses: Vec<ToolUse>,
+    uses: &[ToolUse],
     context: Value,
     options: RunOptions,
     events: Events,
     interrupt: Interrupt,
 ) -> BatchOutcome {
+    let thresholds: Vec<Threshold> =
+        uses.iter().map(|tool_use| options.budget.threshold_in(&pool, &tool_use.name)).collect();
+    let (results, context) = match uses {
+        [tool_use] => {
+            let (result, context) =
+                run_alone(&pool, tool_use, context, &options, thresholds[0], &events, &interrupt).await;
+            (vec![result], context)
+        }
+        _ => run_many(&pool, uses, context, &options, &thresholds, &events, &interrupt).await,
+    };
+    finish(uses, results, &thresholds, context, &options, &events, &interrupt).await
+}
+
+/// A batch of one call: planned, then run at once, with no partition to
+/// keep and no order to restore.
+async fn run_alone(
+    pool: &Arc<ToolPool>,
+    tool_use: &ToolUse,
+    mut context: Value,
+    options: &RunOptions,
+    threshold: Threshold,
+    events: &Events,
+    interrupt: &Interrupt,
+) -> (ToolResult, Value) {
+    let fuel = options.batch_fuel.map(BatchFuel::new);
+    let call = runner::prepare(pool, tool_use, fuel.as_ref()).await;
+    emit_with(events, || {
+        let safe = [matches!(&call, Ok(call) if call.concurrency_safe)];
+        let ids = std::slice::from_ref(&tool_use.id);
+        Event::BatchPlan {
+            batches: partition(&safe).iter().map(|group| PlannedGroup::new(group, ids)).collect(),
+        }
+    });
+    let (result, modifier) =
+        run_call(pool, call, context.clone(), &options.budget, threshold, events, interrupt).await;
+    emit_with(events, || Event::tool_result(&result));
+    if let Some(patch) = modifier {
+        context::apply(&mut context, &patch);
+    }
+    (result, context)
+}
+
+/// A batch of any length: see [`Execution`].
+async fn run_many(
+    pool: &Arc<ToolPool>,
+    uses: &[ToolUse],
+    context: Value,
+    options: &RunOptions,
+    thresholds: &[Threshold],
+    events: &Events,
+    interrupt: &Interrupt,
+) -> (Vec<ToolResult>, Value) {
     let cap = options.cap.max(1);
     let fuel = options.batch_fuel.map(BatchFuel::new);
     let ids: Vec<String> = uses.iter().map(|tool_use| tool_use.id.clone()).collect();
-    let thresholds: Vec<Threshold> =
-        uses.iter().map(|tool_use| options.budget.threshold_in(&pool, &tool_use.name)).collect();
 
     // Planning spreads over the workers too, keeping the batch's order.
-    let alone = uses.len() == 1;
-    let mut planner = futures::stream::iter(0..uses.len())
-        .map(|index| {
-            let (pool, tool_use, fuel) = (pool.clone(), uses[index].clone(), fuel.clone());
+    let mut planner = futures::stream::iter(uses.iter().cloned())
+        .map(|tool_use| {
+            let (pool, fuel) = (pool.clone(), fuel.clone());
             let id = tool_use.id.clone();
+            let plan = async move { runner::prepare(&pool, &tool_use, fuel.as_ref()).await };
             async move {
-                let plan = async move { runner::prepare(&pool, &tool_use, fuel.as_ref()).await };
-                // A batch of one gains nothing from a task of its own.
-                if alone {
-                    return plan.await;
-                }
                 tokio::spawn(plan).await.unwrap_or_else(|_| {
                     Err(ToolResult::error(id, "the host failed while planning this call"))
                 })
@@ -161,10 +231,10 @@ pub async fn run(
         .buffered(cap);
 
     let mut batch = Execution {
-        pool: &pool,
-        events: &events,
-        interrupt: &interrupt,
-        budget: Budgeted { budget: &options.budget, thresholds: &thresholds },
+        pool,
+        events,
+        interrupt,
+        budget: Budgeted { budget: &options.budget, thresholds },
         cap,
         window: (2 * cap).max(MIN_PLANNING_WINDOW),
         context,
@@ -189,7 +259,7 @@ pub async fn run(
                 None => {
                     batch.planned_all = true;
                     let groups = partition(&batch.safe);
-                    emit_with(&events, || Event::BatchPlan {
+                    emit_with(events, || Event::BatchPlan {
                         batches: groups.iter().map(|group| PlannedGroup::new(group, &ids)).collect(),
                     });
                 }
@@ -200,20 +270,32 @@ pub async fn run(
     }
     batch.close_group();
     let Execution { context, results, .. } = batch;
+    (results.into_results(), context)
+}
 
-    let mut results = results.into_results();
+/// The end of every batch: the per-message budget over all its results,
+/// `batch_finished`, and a label made off the critical path.
+async fn finish(
+    uses: &[ToolUse],
+    mut results: Vec<ToolResult>,
+    thresholds: &[Threshold],
+    context: Value,
+    options: &RunOptions,
+    events: &Events,
+    interrupt: &Interrupt,
+) -> BatchOutcome {
     // What was streamed, to announce what the per-message budget replaces.
     let streamed = (!events.is_closed()).then(|| results.clone());
-    options.budget.per_message(&mut results, &thresholds, &mut *options.ledger.lock().await).await;
+    options.budget.per_message(&mut results, thresholds, &mut *options.ledger.lock().await).await;
     for (sent, kept) in streamed.iter().flatten().zip(&results) {
         if sent.content != kept.content {
             let (tool_use_id, content) = (kept.tool_use_id.clone(), kept.content.clone());
-            emit(&events, Event::ToolResultReplaced { tool_use_id, content });
+            emit(events, Event::ToolResultReplaced { tool_use_id, content });
         }
     }
     let errors = results.iter().filter(|result| result.is_error).count();
     emit(
-        &events,
+        events,
         Event::BatchFinished { calls: results.len(), errors, interrupted: interrupt.is_interrupted() },
     );
 
@@ -226,6 +308,7 @@ pub async fn run(
     let calls =
         uses.iter().zip(&results).map(|(tool_use, result)| SummaryCall::new(tool_use, result)).collect();
     let labelling = summary::spawn(options.summarizer.clone(), calls, summary::DEFAULT_SUMMARY_TIMEOUT);
+    let events = events.clone();
     tokio::spawn(async move {
         if let Ok(Some(summary)) = labelling.await {
             emit(&events, Event::Summary { tool_use_ids: summary.tool_use_ids, label: summary.label });
@@ -238,12 +321,6 @@ pub async fn run(
 struct Budgeted<'a> {
     budget: &'a Budget,
     thresholds: &'a [Threshold],
-}
-
-impl Budgeted<'_> {
-    async fn per_tool(&self, index: usize, result: ToolResult) -> ToolResult {
-        self.budget.per_tool(result, self.thresholds[index]).await
-    }
 }
 
 /// What a call running in a task of its own hands back.
@@ -327,9 +404,17 @@ impl Execution<'_> {
                 }
                 self.close_group();
                 let (index, call) = self.waiting.pop_front().expect("a call is waiting");
-                let (result, modifier) =
-                    run_one(self.pool, call, self.context.clone(), self.events, self.interrupt).await;
-                let result = self.budget.per_tool(index, result).await;
+                let threshold = self.budget.thresholds[index];
+                let (result, modifier) = run_call(
+                    self.pool,
+                    call,
+                    self.context.clone(),
+                    self.budget.budget,
+                    threshold,
+                    self.events,
+                    self.interrupt,
+                )
+                .await;
                 // Serial: the next call sees the change at once.
                 if let Some(patch) = modifier {
                     context::apply(&mut self.context, &patch);
@@ -348,8 +433,9 @@ impl Execution<'_> {
         let (snapshot, budget, threshold) =
             (run.snapshot.clone(), self.budget.budget.clone(), self.budget.thresholds[index]);
         let task = self.running.spawn(async move {
-            let (result, modifier) = run_one(&pool, call, snapshot, &events, &interrupt).await;
-            (index, budget.per_tool(result, threshold).await, modifier)
+            let (result, modifier) =
+                run_call(&pool, call, snapshot, &budget, threshold, &events, &interrupt).await;
+            (index, result, modifier)
         });
         self.index_of.insert(task.id(), index);
     }
@@ -385,7 +471,22 @@ impl Execution<'_> {
     }
 }
 
-/// Run one planned call (or pass on its planning failure).
+/// Run one planned call (or pass on its planning failure), and hold its
+/// result to the per-tool budget: every call's step from its turn to its
+/// result, in a batch or on its own ([`crate::PlannedCall::run`]).
+pub(crate) async fn run_call(
+    pool: &ToolPool,
+    call: Result<Prepared, ToolResult>,
+    context: Value,
+    budget: &Budget,
+    threshold: Threshold,
+    events: &Events,
+    interrupt: &Interrupt,
+) -> (ToolResult, Option<Value>) {
+    let (result, modifier) = run_one(pool, call, context, events, interrupt).await;
+    (budget.per_tool(result, threshold).await, modifier)
+}
+
 async fn run_one(
     pool: &ToolPool,
     call: Result<Prepared, ToolResult>,

@@ -181,17 +181,11 @@ impl Server {
         if cancelled.is_cancelled() {
             interrupt.interrupt();
         }
-        let watcher = tokio::spawn({
-            let (cancelled, interrupt) = (cancelled.clone(), interrupt.clone());
-            async move {
-                cancelled.cancelled().await;
-                interrupt.interrupt();
-            }
-        });
-        let sink = {
-            let events = self.events.clone();
-            let progress = progress.as_ref().map(|forwarder| forwarder.sender.clone());
-            move |event: Event| {
+        // Events have readers only with a progress token or an events file.
+        let progress_sender = progress.as_ref().map(|forwarder| forwarder.sender.clone());
+        let sink = (progress_sender.is_some() || self.events.is_some()).then(|| {
+            let (events, progress) = (self.events.clone(), progress_sender);
+            Arc::new(move |event: Event| {
                 if let (Some(progress), Event::Progress { data, .. }) = (&progress, &event) {
                     // The forwarder outlives the call; a send cannot fail.
                     let _ = progress.send(Some(data.clone()));
@@ -199,10 +193,18 @@ impl Server {
                 if let Some(events) = &events {
                     events.write(&event);
                 }
+            }) as Arc<dyn Fn(Event) + Send + Sync>
+        });
+        let run = call.run(slot.context().clone(), sink, &interrupt);
+        tokio::pin!(run);
+        let (result, modifier) = tokio::select! {
+            biased;
+            outcome = &mut run => outcome,
+            () = cancelled.cancelled() => {
+                interrupt.interrupt();
+                run.await
             }
         };
-        let (result, modifier) = call.run(slot.context().clone(), sink, &interrupt).await;
-        watcher.abort();
         slot.finish(modifier);
         if let Some(progress) = progress {
             progress.finish().await;
