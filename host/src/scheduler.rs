@@ -3,10 +3,8 @@
 //! most `cap` calls in flight and each unsafe call alone, and hand back
 //! exactly one result per `tool_use`, in order.
 
-use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
-use futures::StreamExt;
 use serde_json::Value;
 use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
@@ -202,7 +200,7 @@ async fn run_alone(
     (result, context)
 }
 
-/// A batch of any length: see [`Execution`].
+/// A batch of any length: see [`Batch`].
 async fn run_many(
     pool: &Arc<ToolPool>,
     uses: &[ToolUse],
@@ -213,64 +211,40 @@ async fn run_many(
     interrupt: &Interrupt,
 ) -> (Vec<ToolResult>, Value) {
     let cap = options.cap.max(1);
-    let fuel = options.batch_fuel.map(BatchFuel::new);
     let ids: Vec<String> = uses.iter().map(|tool_use| tool_use.id.clone()).collect();
-
-    // Planning spreads over the workers too, keeping the batch's order.
-    let mut planner = futures::stream::iter(uses.iter().cloned())
-        .map(|tool_use| {
-            let (pool, fuel) = (pool.clone(), fuel.clone());
-            let id = tool_use.id.clone();
-            let plan = async move { runner::prepare(&pool, &tool_use, fuel.as_ref()).await };
-            async move {
-                tokio::spawn(plan).await.unwrap_or_else(|_| {
-                    Err(ToolResult::error(id, "the host failed while planning this call"))
-                })
-            }
-        })
-        .buffered(cap);
-
-    let mut batch = Execution {
-        pool,
-        events,
-        interrupt,
-        budget: Budgeted { budget: &options.budget, thresholds },
+    let batch = Arc::new(Batch {
+        pool: pool.clone(),
+        uses: uses.to_vec(),
+        events: events.clone(),
+        interrupt: interrupt.clone(),
+        budget: options.budget.clone(),
+        thresholds: thresholds.to_vec(),
+        fuel: options.batch_fuel.map(BatchFuel::new),
         cap,
         window: (2 * cap).max(MIN_PLANNING_WINDOW),
-        context,
-        waiting: VecDeque::new(),
-        safe: Vec::with_capacity(uses.len()),
-        planned_all: false,
-        started: false,
-        running: tokio::task::JoinSet::new(),
-        index_of: HashMap::new(),
-        group: None,
-        results: OrderedResults::new(ids.clone()),
-    };
-    loop {
-        batch.start_what_can_start().await;
-        if batch.planned_all && batch.waiting.is_empty() && batch.running.is_empty() {
-            break;
-        }
-        let may_plan = !batch.planned_all && batch.waiting.len() < batch.window;
-        tokio::select! {
-            planned = planner.next(), if may_plan => match planned {
-                Some(call) => batch.planned(call),
-                None => {
-                    batch.planned_all = true;
-                    let groups = partition(&batch.safe);
-                    emit_with(events, || Event::BatchPlan {
-                        batches: groups.iter().map(|group| PlannedGroup::new(group, &ids)).collect(),
-                    });
-                }
-            },
-            Some(joined) = batch.running.join_next_with_id() => batch.joined(joined),
-            else => break,
-        }
-    }
-    batch.close_group();
-    let Execution { context, results, .. } = batch;
-    (results.into_results(), context)
+        state: Mutex::new(State {
+            calls: (0..uses.len()).map(|_| Slot::Unplanned).collect(),
+            safe: vec![false; uses.len()],
+            planning: 0,
+            planned: 0,
+            started: false,
+            next: 0,
+            running: 0,
+            exclusive: false,
+            group: None,
+            context,
+            results: OrderedResults::new(ids),
+            finished: 0,
+        }),
+        done: tokio::sync::Notify::new(),
+    });
+    let plans = batch.lock().plan_ahead(&batch);
+    batch.spawn(Vec::new(), plans);
+    batch.done.notified().await;
+    let mut state = batch.lock();
+    state.close_group();
+    let results = std::mem::replace(&mut state.results, OrderedResults::new(Vec::new()));
+    (results.into_results(), std::mem::take(&mut state.context))
 }
 
 /// The end of every batch: the per-message budget over all its results,
@@ -317,49 +291,71 @@ async fn finish(
     BatchOutcome { results, context }
 }
 
-/// The per-tool budget of each call of the batch, by position.
-struct Budgeted<'a> {
-    budget: &'a Budget,
-    thresholds: &'a [Threshold],
-}
-
-/// What a call running in a task of its own hands back.
-type Finished = (usize, ToolResult, Option<Value>);
-
-/// A batch being run: calls planned and waiting in order, the calls of the
-/// current concurrent run in flight, and the results so far.
+/// A batch being run, shared by the tasks that run it.
 ///
-/// The partition (DESIGN.md §3) is made as calls arrive: a safe call joins
-/// the run in flight, if there is one, and starts once fewer than `cap`
-/// calls run; any other call waits for the run to finish and then runs
-/// alone. Calls of one run all see the context as it was when the run began;
-/// their modifiers are queued and applied when it ends, in the batch's
-/// order, so the final context does not depend on which call finished first.
-/// Each call of a run is a task of its own, so calls run in parallel on
-/// every worker thread, not only interleaved on one.
-struct Execution<'a> {
-    pool: &'a Arc<ToolPool>,
-    events: &'a Events,
-    interrupt: &'a Interrupt,
-    budget: Budgeted<'a>,
+/// Every call is a task that plans it and then, when the call's turn has
+/// come, runs it; a task that finishes a call goes on with the next call
+/// whose turn it is, and hands any others it can start to tasks of their
+/// own. Nothing waits on a coordinator: the state below decides, under one
+/// lock, which calls may start.
+///
+/// The partition (DESIGN.md §3) is made as calls are planned, in order: a
+/// safe call joins the run in flight, if there is one, and starts once
+/// fewer than `cap` calls run; any other call waits for the run to finish
+/// and then runs alone. Calls of one run all see the context as it was when
+/// the run began; their modifiers are queued and applied when it ends, in
+/// the batch's order, so the final context does not depend on which call
+/// finished first. Planning runs at most a window ahead of the first call
+/// not yet started ([`MIN_PLANNING_WINDOW`]).
+struct Batch {
+    pool: Arc<ToolPool>,
+    uses: Vec<ToolUse>,
+    events: Events,
+    interrupt: Interrupt,
+    budget: Budget,
+    thresholds: Vec<Threshold>,
+    fuel: Option<BatchFuel>,
     cap: usize,
     /// Calls planned ahead: see [`MIN_PLANNING_WINDOW`].
     window: usize,
-    /// The shared context, up to the last run that ended.
-    context: Value,
-    /// Planned calls not started yet, in order, each with its position.
-    waiting: VecDeque<(usize, Result<Prepared, ToolResult>)>,
-    /// Whether each call planned so far is concurrency-safe.
+    state: Mutex<State>,
+    /// Signalled once every call has its result.
+    done: tokio::sync::Notify,
+}
+
+/// Where a call is.
+enum Slot {
+    /// Not yet planned, or being planned.
+    Unplanned,
+    /// Planned, waiting for its turn.
+    Waiting(Result<Prepared, ToolResult>),
+    /// Started (or finished).
+    Started,
+}
+
+struct State {
+    calls: Vec<Slot>,
+    /// Whether each planned call is concurrency-safe.
     safe: Vec<bool>,
-    planned_all: bool,
-    /// Whether the first call has started: once the window is full or
-    /// every call is planned.
+    /// Calls whose planning began: `0..planning`.
+    planning: usize,
+    /// Calls planned so far.
+    planned: usize,
+    /// Whether calls may start: once the window is full or every call is
+    /// planned, so that a batch no longer than the window is planned whole
+    /// (and its `batch_plan` sent) before its first call starts.
     started: bool,
-    running: tokio::task::JoinSet<Finished>,
-    index_of: HashMap<tokio::task::Id, usize>,
+    /// The first call not yet started.
+    next: usize,
+    running: usize,
+    /// Whether the call running is one that runs alone.
+    exclusive: bool,
     /// The concurrent run in flight, if any.
     group: Option<ConcurrentRun>,
+    /// The shared context, up to the last run that ended.
+    context: Value,
     results: OrderedResults,
+    finished: usize,
 }
 
 /// A concurrent run: the context its calls see, and their modifiers.
@@ -368,95 +364,184 @@ struct ConcurrentRun {
     queued: Vec<(usize, Value)>,
 }
 
-impl Execution<'_> {
-    fn planned(&mut self, call: Result<Prepared, ToolResult>) {
-        let index = self.safe.len();
-        self.safe.push(matches!(&call, Ok(call) if call.concurrency_safe));
-        self.waiting.push_back((index, call));
+/// A call whose turn has come, with the context it sees.
+struct Start {
+    index: usize,
+    call: Result<Prepared, ToolResult>,
+    context: Value,
+}
+
+impl Batch {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every change to the state is made whole under the lock; a panic
+        // elsewhere cannot leave it half-changed.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Plan call `index`, then run whatever its planning let start.
+    async fn plan(self: Arc<Self>, index: usize) {
+        let guard = Failing { batch: &self, index, running: false };
+        let call = runner::prepare(&self.pool, &self.uses[index], self.fuel.as_ref()).await;
+        std::mem::forget(guard);
+        let (starts, plans) = self.lock().planned(&self, index, call);
+        self.work(starts, plans).await;
+    }
+
+    /// Run the first of `starts` here and hand the rest, and the planning of
+    /// `plans`, to tasks of their own; then go on with the next call whose
+    /// turn comes when this one finishes, for as long as there is one.
+    async fn work(self: &Arc<Self>, mut starts: Vec<Start>, mut plans: std::ops::Range<usize>) {
+        loop {
+            let mine = if starts.is_empty() { None } else { Some(starts.swap_remove(0)) };
+            self.spawn(starts, plans);
+            let Some(Start { index, call, context }) = mine else { return };
+            let guard = Failing { batch: self, index, running: true };
+            let threshold = self.thresholds[index];
+            let (result, modifier) =
+                run_call(&self.pool, call, context, &self.budget, threshold, &self.events, &self.interrupt)
+                    .await;
+            std::mem::forget(guard);
+            (starts, plans) = self.lock().finished(self, index, result, modifier);
+        }
+    }
+
+    fn spawn(self: &Arc<Self>, starts: Vec<Start>, plans: std::ops::Range<usize>) {
+        for start in starts {
+            let batch = self.clone();
+            tokio::spawn(async move { batch.work(vec![start], 0..0).await });
+        }
+        for index in plans {
+            tokio::spawn(self.clone().plan(index));
+        }
+    }
+}
+
+/// Gives call `index` its one result if the task handling it panics: a
+/// failed planning or a failed run. Forgotten once the step returned.
+struct Failing<'a> {
+    batch: &'a Arc<Batch>,
+    index: usize,
+    running: bool,
+}
+
+impl Drop for Failing<'_> {
+    fn drop(&mut self) {
+        // Dropped without a panic, the task was cancelled: the runtime is
+        // shutting down, and nobody is left to wait for the batch.
+        if !std::thread::panicking() || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let (batch, index) = (self.batch, self.index);
+        let id = &batch.uses[index].id;
+        let (starts, plans) = if self.running {
+            let result = ToolResult::error(id, "the host failed while running this call");
+            batch.lock().finished(batch, index, result, None)
+        } else {
+            let result = ToolResult::error(id, "the host failed while planning this call");
+            batch.lock().planned(batch, index, Err(result))
+        };
+        batch.spawn(starts, plans);
+    }
+}
+
+impl State {
+    /// Call `index` is planned: keep it, announce the plan once every call
+    /// is, and say what may start now.
+    fn planned(
+        &mut self,
+        batch: &Batch,
+        index: usize,
+        call: Result<Prepared, ToolResult>,
+    ) -> (Vec<Start>, std::ops::Range<usize>) {
+        self.safe[index] = matches!(&call, Ok(call) if call.concurrency_safe);
+        self.calls[index] = Slot::Waiting(call);
+        self.planned += 1;
+        if self.planned == self.calls.len() {
+            let ids = &self.results.ids;
+            emit_with(&batch.events, || {
+                let groups = partition(&self.safe);
+                Event::BatchPlan {
+                    batches: groups.iter().map(|group| PlannedGroup::new(group, ids)).collect(),
+                }
+            });
+        }
+        self.pump(batch)
+    }
+
+    /// Call `index` finished: release its result in order, keep its
+    /// modifier, and say what may start now.
+    fn finished(
+        &mut self,
+        batch: &Batch,
+        index: usize,
+        result: ToolResult,
+        modifier: Option<Value>,
+    ) -> (Vec<Start>, std::ops::Range<usize>) {
+        self.running -= 1;
+        if std::mem::take(&mut self.exclusive) {
+            // Alone: the next call sees the change at once.
+            if let Some(patch) = &modifier {
+                context::apply(&mut self.context, patch);
+            }
+        } else if let (Some(run), Some(patch)) = (&mut self.group, modifier) {
+            run.queued.push((index, patch));
+        }
+        self.results.finish(index, result, &batch.events);
+        self.finished += 1;
+        if self.finished == self.calls.len() {
+            batch.done.notify_one();
+        }
+        self.pump(batch)
     }
 
     /// Start every waiting call whose turn it is, in order: safe calls while
-    /// fewer than `cap` run; another call only when nothing runs, awaited
-    /// here. A safe call that would run alone (nothing runs, and the next
-    /// call is not safe) is awaited here too: a run of one gains nothing
-    /// from a task of its own.
-    async fn start_what_can_start(&mut self) {
-        self.started |= self.planned_all || self.waiting.len() >= self.window;
+    /// fewer than `cap` run and no call runs alone; another call only when
+    /// nothing runs. Then plan ahead up to the window.
+    fn pump(&mut self, batch: &Batch) -> (Vec<Start>, std::ops::Range<usize>) {
+        let mut starts = Vec::new();
         if !self.started {
-            return;
+            let ahead =
+                self.calls[self.next..].iter().take_while(|slot| matches!(slot, Slot::Waiting(_))).count();
+            self.started = self.planned == self.calls.len() || ahead >= batch.window;
         }
-        while let Some(&(index, _)) = self.waiting.front() {
-            let next_safe = match self.waiting.get(1) {
-                Some(&(next, _)) => Some(self.safe[next]),
-                None if self.planned_all => Some(false),
-                None => None,
-            };
-            let lone = self.group.is_none() && next_safe == Some(false);
-            if self.safe[index] && !lone {
-                if self.running.len() >= self.cap {
-                    return;
+        while self.started && self.next < self.calls.len() && !self.exclusive {
+            let index = self.next;
+            if !matches!(self.calls[index], Slot::Waiting(_)) {
+                break;
+            }
+            let context = if self.safe[index] {
+                if self.running >= batch.cap {
+                    break;
                 }
-                let (index, call) = self.waiting.pop_front().expect("a call is waiting");
-                self.spawn(index, call);
+                let context = &self.context;
+                let run = self
+                    .group
+                    .get_or_insert_with(|| ConcurrentRun { snapshot: context.clone(), queued: Vec::new() });
+                run.snapshot.clone()
             } else {
-                if !self.running.is_empty() {
-                    return;
+                if self.running > 0 {
+                    break;
                 }
                 self.close_group();
-                let (index, call) = self.waiting.pop_front().expect("a call is waiting");
-                let threshold = self.budget.thresholds[index];
-                let (result, modifier) = run_call(
-                    self.pool,
-                    call,
-                    self.context.clone(),
-                    self.budget.budget,
-                    threshold,
-                    self.events,
-                    self.interrupt,
-                )
-                .await;
-                // Serial: the next call sees the change at once.
-                if let Some(patch) = modifier {
-                    context::apply(&mut self.context, &patch);
-                }
-                self.results.finish(index, result, self.events);
-            }
+                self.exclusive = true;
+                self.context.clone()
+            };
+            let Slot::Waiting(call) = std::mem::replace(&mut self.calls[index], Slot::Started) else {
+                unreachable!("the call was seen waiting")
+            };
+            self.next += 1;
+            self.running += 1;
+            starts.push(Start { index, call, context });
         }
+        (starts, self.plan_ahead(batch))
     }
 
-    /// Start a safe call in a task of its own, in the current run.
-    fn spawn(&mut self, index: usize, call: Result<Prepared, ToolResult>) {
-        let context = &self.context;
-        let run =
-            self.group.get_or_insert_with(|| ConcurrentRun { snapshot: context.clone(), queued: Vec::new() });
-        let (pool, events, interrupt) = (self.pool.clone(), self.events.clone(), self.interrupt.clone());
-        let (snapshot, budget, threshold) =
-            (run.snapshot.clone(), self.budget.budget.clone(), self.budget.thresholds[index]);
-        let task = self.running.spawn(async move {
-            let (result, modifier) =
-                run_call(&pool, call, snapshot, &budget, threshold, &events, &interrupt).await;
-            (index, result, modifier)
-        });
-        self.index_of.insert(task.id(), index);
-    }
-
-    fn joined(&mut self, joined: Result<(tokio::task::Id, Finished), tokio::task::JoinError>) {
-        let (index, result, modifier) = match joined {
-            Ok((id, finished)) => {
-                self.index_of.remove(&id);
-                finished
-            }
-            // A call that panicked the host still gets its one result.
-            Err(error) => {
-                let index = self.index_of.remove(&error.id()).expect("every task has an index");
-                let id = &self.results.ids[index];
-                (index, ToolResult::error(id, "the host failed while running this call"), None)
-            }
-        };
-        if let (Some(run), Some(patch)) = (&mut self.group, modifier) {
-            run.queued.push((index, patch));
-        }
-        self.results.finish(index, result, self.events);
+    /// The calls to plan now: up to a window past the first not started.
+    fn plan_ahead(&mut self, batch: &Batch) -> std::ops::Range<usize> {
+        let until = (self.next + batch.window).min(self.calls.len());
+        let plans = self.planning..until.max(self.planning);
+        self.planning = plans.end;
+        plans
     }
 
     /// End the concurrent run, if one was in flight: apply its queued

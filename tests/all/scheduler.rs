@@ -81,7 +81,8 @@ fn progress_arrives_before_the_call_finishes() {
 }
 
 /// A native tool that sleeps `ms`, then returns a context modifier naming
-/// itself: concurrency-safe, so its modifiers are queued.
+/// itself: concurrency-safe, so its modifiers are queued. With `"panic"`
+/// set to `"plan"` or `"call"` it panics there instead, as a host bug would.
 struct Marker;
 
 fn marker_spec() -> &'static ToolSpec {
@@ -131,10 +132,12 @@ impl Invocation for MarkerCall {
     }
 
     async fn is_concurrency_safe(&mut self) -> bool {
+        assert_ne!(self.0["panic"], "plan", "planning panics");
         true
     }
 
     async fn call(self: Box<Self>, cx: CallContext) -> Result<CallOutput, CallError> {
+        assert_ne!(self.0["panic"], "call", "the call panics");
         let ms = self.0["ms"].as_u64().unwrap();
         tokio::time::sleep(Duration::from_millis(ms)).await;
         let seen = cx.context.get("last").cloned().unwrap_or(Value::Null);
@@ -179,6 +182,34 @@ fn queued_modifiers_apply_in_block_order_whatever_the_finishing_order() {
         })
         .collect();
     assert_eq!(released, ["m0", "m1", "m2", "m3"], "results go out in block order");
+}
+
+#[test]
+fn a_call_that_panics_the_host_gets_its_one_result_and_the_others_run() {
+    let workspace = tempfile::tempdir().unwrap();
+    let builder = Host::builder().workspace(workspace.path()).builtins(false).tool(Arc::new(Marker));
+    let host = block_on(builder.build()).unwrap();
+    let marker = |id: &str, input: Value| ToolUse::new(id, "marker", input);
+    let uses = vec![
+        marker("m0", json!({ "ms": 5 })),
+        marker("m1", json!({ "ms": 5, "panic": "call" })),
+        marker("m2", json!({ "ms": 5 })),
+        marker("m3", json!({ "ms": 5, "panic": "plan" })),
+        marker("m4", json!({ "ms": 5 })),
+    ];
+    let (_, results, _) = events_of(&host, uses);
+    let outcome: Vec<(&str, bool, &str)> =
+        results.iter().map(|r| (r.tool_use_id.as_str(), r.is_error, r.content.as_str())).collect();
+    assert_eq!(
+        outcome,
+        [
+            ("m0", false, "saw last = null"),
+            ("m1", true, "the host failed while running this call"),
+            ("m2", false, "saw last = null"),
+            ("m3", true, "the host failed while planning this call"),
+            ("m4", false, "saw last = 5"),
+        ]
+    );
 }
 
 #[test]
