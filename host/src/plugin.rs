@@ -41,7 +41,7 @@ macro_rules! query {
                             let outcome = {
                                 let $guest = sandbox.tool.keel_tool_guest();
                                 let $store = &mut sandbox.store;
-                                tokio::time::timeout(export_timer(QUERY_DEADLINE), $call).await
+                                crate::sandbox::within(export_timer(QUERY_DEADLINE), Box::pin($call)).await
                             };
                             questions.meter.settle(&reserved, sandbox.fuel_left());
                             match outcome {
@@ -374,14 +374,16 @@ impl<'a> Questions<'a> {
         }
         let shared = self.shared;
         let reserved = self.meter.reserve(Some(QUERY_FUEL))?;
-        let sandbox = Sandbox::new(
+        // Boxed: a future this large, kept inline, is copied whole into
+        // every future that awaits it.
+        let sandbox = Box::pin(Sandbox::new(
             &shared.pre,
             shared.name.clone(),
             &shared.limits,
             (&shared.grant, &shared.mounts),
             self.grant,
             (reserved.fuel, reserved.limit),
-        )
+        ))
         .await;
         // A component that failed to instantiate is counted as having burnt
         // all it was given: rare, and never in the guest's favour.
@@ -494,7 +496,10 @@ const QUESTION_GRANT: Grant = Grant::ReadOnly;
 /// Gives `Result<answer, CallError>`, having logged a warning on `Err`.
 macro_rules! query_input {
     ($self:ident, $export:literal, |$guest:ident, $store:ident, $input:ident| $call:expr) => {{
-        $self.plan().await;
+        if $self.plan.is_none() {
+            // Boxed: asked once, it would otherwise swell every question's future.
+            Box::pin($self.plan()).await;
+        }
         let mut questions = Questions {
             shared: &$self.shared,
             grant: QUESTION_GRANT,
@@ -630,7 +635,7 @@ impl Invocation for PluginInvocation {
         let outcome = {
             let guest = sandbox.tool.keel_tool_guest();
             let call = guest.call_call(&mut sandbox.store, &this.input_text, &context);
-            tokio::time::timeout(export_timer(limits.deadline), call).await
+            crate::sandbox::within(export_timer(limits.deadline), call).await
         };
         this.meter.settle(&reserved, sandbox.fuel_left());
         match outcome {

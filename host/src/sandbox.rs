@@ -490,7 +490,9 @@ const HANDLE_LIMIT_EXCEEDED: &str = "store handle limit exceeded";
 /// A live instance of a plugin in its own store.
 pub struct Sandbox {
     pub(crate) store: Store<SandboxState>,
-    pub(crate) tool: ToolBindings,
+    /// Boxed: the bindings are large, and a sandbox moves through every
+    /// question's future.
+    pub(crate) tool: Box<ToolBindings>,
 }
 
 impl Sandbox {
@@ -539,7 +541,7 @@ impl Sandbox {
             }
         });
         let instantiated =
-            tokio::time::timeout(QUERY_DEADLINE + DEADLINE_GRACE, pre.instantiate_async(&mut store)).await;
+            within(QUERY_DEADLINE + DEADLINE_GRACE, Box::pin(pre.instantiate_async(&mut store))).await;
         let tool = match instantiated {
             Ok(Ok(tool)) => tool,
             Ok(Err(error)) => {
@@ -555,7 +557,7 @@ impl Sandbox {
                 });
             }
         };
-        Ok(Sandbox { store, tool })
+        Ok(Sandbox { store, tool: Box::new(tool) })
     }
 
     /// The filesystem access this sandbox was given.
@@ -621,6 +623,26 @@ impl Drop for Sandbox {
 /// normally fires first.
 pub fn export_timer(deadline: Duration) -> Duration {
     deadline + DEADLINE_GRACE + EPOCH_TICK
+}
+
+/// `future`, given up `limit` after it started, like
+/// [`tokio::time::timeout`]; but the timer is set only if the first poll
+/// does not finish it.
+///
+/// Most export calls finish within their first poll: guest code runs on a
+/// fiber until it returns, and only a wait in a host function (or an epoch
+/// yield) leaves it pending. Setting no timer for them spares the runtime's
+/// timer wheel a registration and, when the runtime is idle, a wake-up of
+/// the thread parked on its driver.
+pub async fn within<F: Future>(limit: Duration, future: F) -> Result<F::Output, tokio::time::error::Elapsed> {
+    let started = tokio::time::Instant::now();
+    let mut future = std::pin::pin!(future);
+    let first = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
+    match first {
+        Poll::Ready(output) => Ok(output),
+        // Boxed: a timer is large, and needed only here.
+        Poll::Pending => Box::pin(tokio::time::timeout_at(started + limit, future)).await,
+    }
 }
 
 /// Everything of a sandbox's WASI context but its directories, which
