@@ -2,10 +2,12 @@
 //! on-disk compile cache.
 
 use std::collections::HashMap;
+use std::fs::Metadata;
 use std::hash::{Hash, Hasher};
+use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
@@ -113,17 +115,59 @@ impl Runtime {
     /// Compile `bytes` (read from `path`), or load them from the cache.
     pub fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Compiled> {
         let started = Instant::now();
-        let compile = || {
-            Component::new(&self.engine, bytes).map_err(|error| {
-                Error::plugin(path, format!("not a valid component: {}", root_cause(&error)))
-            })
-        };
         let (component, from_cache) = match &self.cache {
-            Some(cache) => cache.get_or_compile(&self.engine, bytes, compile)?,
-            None => (compile()?, false),
+            Some(cache) => cache.get_or_compile(&self.engine, &cache.content_key(bytes), || {
+                self.compile_bytes(path, bytes)
+            })?,
+            None => (self.compile_bytes(path, bytes)?, false),
         };
-        Ok(Compiled { component, from_cache, time: started.elapsed() })
+        Ok(Compiled { component, from_cache, time: started.elapsed(), size: bytes.len() as u64 })
     }
+
+    /// Compile the component in the file at `path`, or load it from the
+    /// cache. `check` vets the file's bytes whenever they are read, before
+    /// anything else looks at them.
+    ///
+    /// A file the cache's index knows, unchanged since, is not read at all:
+    /// its compiled code is loaded directly. The index records only files
+    /// whose bytes passed `check` here, so a caller passes the same `check`
+    /// every time; its errors are the same whether or not the cache is warm,
+    /// since a file that would fail it is never in the index.
+    pub fn compile_file(&self, path: &Path, check: impl FnOnce(&[u8]) -> Result<()>) -> Result<Compiled> {
+        let started = Instant::now();
+        if let Some(cache) = &self.cache
+            && let Some((component, size)) = cache.load_indexed(&self.engine, path)
+        {
+            return Ok(Compiled { component, from_cache: true, time: started.elapsed(), size });
+        }
+        let (bytes, stat) = read_with_stat(path).map_err(|error| Error::io("read", path, error))?;
+        check(&bytes)?;
+        let Some(cache) = &self.cache else {
+            let component = self.compile_bytes(path, &bytes)?;
+            return Ok(Compiled { component, from_cache: false, time: started.elapsed(), size: stat.len() });
+        };
+        let content_key = cache.content_key(&bytes);
+        let (component, from_cache) =
+            cache.get_or_compile(&self.engine, &content_key, || self.compile_bytes(path, &bytes))?;
+        cache.record(path, &stat, &content_key);
+        Ok(Compiled { component, from_cache, time: started.elapsed(), size: stat.len() })
+    }
+
+    fn compile_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Component> {
+        Component::new(&self.engine, bytes)
+            .map_err(|error| Error::plugin(path, format!("not a valid component: {}", root_cause(&error))))
+    }
+}
+
+/// The bytes of the file at `path` and its metadata, taken from the same
+/// open file: the metadata describes the very file that was read, even if
+/// `path` is replaced meanwhile.
+fn read_with_stat(path: &Path) -> std::io::Result<(Vec<u8>, Metadata)> {
+    let mut file = std::fs::File::open(path)?;
+    let stat = file.metadata()?;
+    let mut bytes = Vec::with_capacity(usize::try_from(stat.len()).unwrap_or(0));
+    file.read_to_end(&mut bytes)?;
+    Ok((bytes, stat))
 }
 
 /// A compiled component and how it was obtained.
@@ -134,6 +178,8 @@ pub struct Compiled {
     pub from_cache: bool,
     /// How long compiling or loading took.
     pub time: Duration,
+    /// Size of the component file in bytes.
+    pub size: u64,
 }
 
 /// The innermost cause of a wasmtime error, which says what actually failed.
@@ -159,18 +205,41 @@ fn start_epoch_ticker(engine: &Engine) {
 
 /// Compiled components on disk, so a second start does not recompile.
 ///
-/// A file's name is the BLAKE3 hash of the component's bytes plus a
-/// fingerprint of the wasmtime version and every engine setting that affects
-/// compiled code: a change of either misses the cache instead of loading
-/// stale code. BLAKE3 is as collision-resistant as sha256 and several times
-/// faster, which matters because every start hashes every plugin in full.
-/// (Entries named by the earlier sha256 scheme are never looked up again.)
+/// A compiled component (an artifact) is named by its content key, the
+/// BLAKE3 hash of the component's bytes, plus a fingerprint of the wasmtime
+/// version and every engine setting that affects compiled code: a change of
+/// either misses the cache instead of loading stale code. BLAKE3 is as
+/// collision-resistant as sha256 and several times faster. (Artifacts named
+/// by the earlier sha256 scheme are never looked up again.)
+///
+/// Hashing a plugin means reading it in full, so an index in `index/` spares
+/// that on a warm start, as ccache's direct mode and git's index do: an
+/// index entry is named by a file's identity (its canonical path, device,
+/// inode, size, modification and change times, and the engine fingerprint)
+/// and holds the content key of the bytes read from that file. Writing to a
+/// file changes its change time, which no one can set back, so an entry is
+/// found only while the file still holds those bytes. A file changed within
+/// [`RACY_WINDOW`] is not indexed: it could change again within the same
+/// timestamp granule and keep its identity.
 struct CompileCache {
     dir: PathBuf,
     engine_key: String,
-    /// A lock for each entry this runtime has compiled.
+    /// How recently a file may have changed and still be indexed: the
+    /// default [`RACY_WINDOW`], shorter only in tests.
+    racy_window: Duration,
+    /// A lock for each artifact this runtime has compiled.
     compiling: Mutex<HashMap<PathBuf, Arc<Mutex<()>>>>,
 }
+
+/// How long after a file last changed before it may be indexed. Timestamps
+/// advance in granules (a few milliseconds on Linux, 2 s on FAT), and a file
+/// written twice within one keeps the same identity; 2 s covers them all, as
+/// git's racy-timestamp check does. A plugin installed a moment ago is read
+/// and hashed until then.
+const RACY_WINDOW: Duration = Duration::from_secs(2);
+
+/// The subdirectory of the cache that holds the index.
+const INDEX_DIR: &str = "index";
 
 impl CompileCache {
     fn new(dir: PathBuf, engine: &Engine) -> Self {
@@ -178,74 +247,193 @@ impl CompileCache {
         env!("CARGO_PKG_VERSION").hash(&mut hasher);
         engine.precompile_compatibility_hash().hash(&mut hasher);
         let engine_key = hex(&hasher.0.finalize().as_bytes()[..8]);
-        CompileCache { dir, engine_key, compiling: Mutex::default() }
+        CompileCache { dir, engine_key, racy_window: RACY_WINDOW, compiling: Mutex::default() }
     }
 
-    /// The component `bytes` from its entry, or else made by `compile` and
-    /// stored; and whether it came from the cache.
+    /// The component of the artifact named by `content_key`, or else made by
+    /// `compile` and stored; and whether it came from the cache.
     fn get_or_compile(
         &self,
         engine: &Engine,
-        bytes: &[u8],
+        content_key: &str,
         compile: impl FnOnce() -> Result<Component>,
     ) -> Result<(Component, bool)> {
-        // The bytes are hashed once: the entry looked up is the one written.
-        let entry = self.entry(bytes);
-        if let Some(component) = load_cached(engine, &entry) {
+        // The bytes are hashed once: the artifact looked up is the one written.
+        let artifact = self.artifact(content_key);
+        if let Some(component) = load_cached(engine, &artifact) {
             return Ok((component, true));
         }
         // Plugins load in parallel: of two loads of the same bytes, the
-        // second waits while the first compiles them, then finds their entry.
+        // second waits while the first compiles them, then finds their artifact.
         let lock = {
             let mut compiling = self.compiling.lock().unwrap_or_else(PoisonError::into_inner);
-            compiling.entry(entry.clone()).or_default().clone()
+            compiling.entry(artifact.clone()).or_default().clone()
         };
         let _compiling = lock.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(component) = load_cached(engine, &entry) {
+        if let Some(component) = load_cached(engine, &artifact) {
             return Ok((component, true));
         }
         let component = compile()?;
-        self.store(&component, &entry);
+        self.store(&component, &artifact);
         Ok((component, false))
     }
 
-    /// The entry of the component `bytes`: a name bound to these exact
-    /// bytes and this engine.
-    fn entry(&self, bytes: &[u8]) -> PathBuf {
-        self.dir.join(format!("{}-{}.cwasm", blake3::hash(bytes).to_hex(), self.engine_key))
+    /// The content key of the component `bytes`: their BLAKE3 hash, in hex.
+    fn content_key(&self, bytes: &[u8]) -> String {
+        blake3::hash(bytes).to_hex().to_string()
     }
 
-    fn store(&self, component: &Component, entry: &Path) {
+    /// The artifact of the bytes whose content key is `content_key`: a name
+    /// bound to those exact bytes and this engine.
+    fn artifact(&self, content_key: &str) -> PathBuf {
+        self.dir.join(format!("{content_key}-{}.cwasm", self.engine_key))
+    }
+
+    fn store(&self, component: &Component, artifact: &Path) {
         let written = component
             .serialize()
             .map_err(|error| root_cause(&error))
-            .and_then(|code| write_atomically(&self.dir, entry, &code).map_err(|error| error.to_string()));
+            .and_then(|code| write_atomically(&self.dir, artifact, &code).map_err(|error| error.to_string()));
         if let Err(error) = written {
-            tracing::warn!(path = %entry.display(), "failed to write compile cache: {error}");
+            tracing::warn!(path = %artifact.display(), "failed to write compile cache: {error}");
         }
+    }
+
+    /// The component of the file at `path` and the file's size, when the
+    /// index knows the file as it is now and its artifact loads; `None`, a
+    /// miss, otherwise. The file itself is not opened.
+    fn load_indexed(&self, engine: &Engine, path: &Path) -> Option<(Component, u64)> {
+        let stat = std::fs::metadata(path).ok().filter(Metadata::is_file)?;
+        let entry = self.index_entry(path, &stat)?;
+        let held = std::fs::read(entry).ok()?;
+        let content_key = parse_content_key(&held)?;
+        // An artifact that does not load is left to the full lookup, which
+        // reports it and replaces it.
+        let component = try_load(engine, &self.artifact(content_key)).ok()??;
+        Some((component, stat.len()))
+    }
+
+    /// Index the file at `path`, described by `stat` (taken from the open
+    /// file whose bytes were hashed), as holding the bytes of `content_key`;
+    /// unless it changed too recently for its identity to be trusted.
+    fn record(&self, path: &Path, stat: &Metadata, content_key: &str) {
+        let Some(stamp) = FileStamp::of(stat) else { return };
+        if !stamp.settled(SystemTime::now(), self.racy_window) {
+            return;
+        }
+        let Some(entry) = self.index_entry(path, stat) else { return };
+        // Not synced: after a crash an entry may be empty or gone, which is
+        // a miss (`parse_content_key` refuses anything but a whole key), and
+        // a sync per plugin would cost a start that indexes 50 of them more
+        // than its own work.
+        if let Err(error) = replace_file(&self.dir.join(INDEX_DIR), &entry, content_key.as_bytes(), false) {
+            tracing::warn!(path = %entry.display(), "failed to write compile cache index: {error}");
+        }
+    }
+
+    /// The index entry of the file at `path` as `stat` describes it, or
+    /// `None` when the file has no identity to key it by.
+    fn index_entry(&self, path: &Path, stat: &Metadata) -> Option<PathBuf> {
+        let stamp = FileStamp::of(stat)?;
+        let path = path.canonicalize().ok()?;
+        let mut hasher = blake3::Hasher::new();
+        // A path holds no NUL byte, so the fields cannot run into each other.
+        hasher.update(path.as_os_str().as_encoded_bytes()).update(&[0]);
+        for field in [stamp.device, stamp.inode, stamp.size] {
+            hasher.update(&field.to_le_bytes());
+        }
+        for time in [stamp.modified, stamp.changed] {
+            hasher.update(&time.to_le_bytes());
+        }
+        hasher.update(self.engine_key.as_bytes());
+        Some(self.dir.join(INDEX_DIR).join(hex(&hasher.finalize().as_bytes()[..16])))
     }
 }
 
-/// The component cached at `entry` (a name from [`CompileCache::entry`]), or
-/// `None` when there is none or it cannot be used.
-fn load_cached(engine: &Engine, entry: &Path) -> Option<Component> {
+/// The content key held by an index entry, or `None` when the entry is not
+/// one (truncated, or not written by [`CompileCache::record`]).
+fn parse_content_key(entry: &[u8]) -> Option<&str> {
+    let well_formed = entry.len() == 64 && entry.iter().all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'));
+    well_formed.then(|| std::str::from_utf8(entry).ok()).flatten()
+}
+
+/// What identifies a file's contents without reading them.
+struct FileStamp {
+    device: u64,
+    inode: u64,
+    size: u64,
+    /// Last modification, in nanoseconds since the Unix epoch.
+    modified: i128,
+    /// Last change of contents or metadata, in nanoseconds since the Unix
+    /// epoch: set by the kernel on every write, and settable by no one.
+    changed: i128,
+}
+
+impl FileStamp {
+    #[cfg(unix)]
+    fn of(stat: &Metadata) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt;
+        let nanos = |secs: i64, nsecs: i64| i128::from(secs) * 1_000_000_000 + i128::from(nsecs);
+        Some(FileStamp {
+            device: stat.dev(),
+            inode: stat.ino(),
+            size: stat.size(),
+            modified: nanos(stat.mtime(), stat.mtime_nsec()),
+            changed: nanos(stat.ctime(), stat.ctime_nsec()),
+        })
+    }
+
+    /// Elsewhere there is no change time that a write always moves: nothing
+    /// is indexed, and every start reads and hashes its plugins.
+    #[cfg(not(unix))]
+    fn of(_stat: &Metadata) -> Option<Self> {
+        None
+    }
+
+    /// Whether the file last changed at least `window` before `now`. A time
+    /// in the future is not settled.
+    fn settled(&self, now: SystemTime, window: Duration) -> bool {
+        let Ok(now) = now.duration_since(SystemTime::UNIX_EPOCH) else { return false };
+        let since = i128::try_from(now.as_nanos()).unwrap_or(i128::MAX)
+            - i128::try_from(window.as_nanos()).unwrap_or(i128::MAX);
+        self.modified <= since && self.changed <= since
+    }
+}
+
+/// The component cached at `artifact` (a name from
+/// [`CompileCache::artifact`]), or `None` when there is none or it cannot be
+/// used.
+fn load_cached(engine: &Engine, artifact: &Path) -> Option<Component> {
+    try_load(engine, artifact).unwrap_or_else(|error| {
+        tracing::warn!(path = %artifact.display(), "ignoring unreadable compile cache entry: {error}");
+        None
+    })
+}
+
+/// The component cached at `artifact`: `None` when there is no such file,
+/// an error when it cannot be used.
+fn try_load(engine: &Engine, artifact: &Path) -> Result<Option<Component>, String> {
     // SAFETY: `deserialize_file` trusts the file to hold code compiled by
     // this wasmtime for this engine configuration, and to stay unchanged
-    // while it is mapped. It does: the cache directory is written only by
-    // `CompileCache::store`, atomically (a complete new file renamed over
-    // the name, never a file changed in place), and the name binds the exact
-    // component bytes (their BLAKE3 hash, computed from the very bytes that
-    // are compiled on a miss) and the engine's compatibility fingerprint, so
-    // no other code or configuration can be found under it. A missing file
-    // is only a miss. wasmtime still checks the header's version and
+    // while it is mapped. It does: `artifact` is a name made by
+    // `CompileCache::artifact`, under which only `CompileCache::store`
+    // writes, atomically (a complete new file renamed over the name, never a
+    // file changed in place); and the name binds the exact component bytes
+    // (their BLAKE3 hash, computed from the very bytes that are compiled on
+    // a miss) and the engine's compatibility fingerprint, so no other code
+    // or configuration can be found under it. An index hit, which does not
+    // read the plugin file, binds exact bytes all the same: the index only
+    // maps a file's identity to a content key (taken only as 64 hex digits,
+    // so it names an artifact and nothing else), and the artifact is still
+    // named by that hash. The mapping is also current, since any write to
+    // the file changes its change time and so its identity; and were it
+    // stale, it could only choose another artifact of this cache. A missing
+    // file is only a miss. wasmtime still checks the header's version and
     // settings and refuses a mismatch.
-    match unsafe { Component::deserialize_file(engine, entry) } {
-        Ok(component) => Some(component),
-        Err(error) if is_not_found(&error) => None,
-        Err(error) => {
-            tracing::warn!(path = %entry.display(), "ignoring unreadable compile cache entry: {}", root_cause(&error));
-            None
-        }
+    match unsafe { Component::deserialize_file(engine, artifact) } {
+        Ok(component) => Ok(Some(component)),
+        Err(error) if is_not_found(&error) => Ok(None),
+        Err(error) => Err(root_cause(&error)),
     }
 }
 
@@ -260,11 +448,21 @@ fn is_not_found(error: &wasmtime::Error) -> bool {
 /// new one, never a part: a temporary file in the same directory, synced,
 /// then renamed over the target.
 pub(crate) fn write_atomically(dir: &Path, path: &Path, contents: &[u8]) -> std::io::Result<()> {
+    replace_file(dir, path, contents, true)
+}
+
+/// Write `contents` to `path` through a temporary file in `dir` renamed over
+/// it, synced first when `sync` is true. Running readers see the old file or
+/// the whole new one either way; unsynced, a crash may leave the file empty,
+/// partial or missing, so only for files whose readers treat that as absent.
+fn replace_file(dir: &Path, path: &Path, contents: &[u8], sync: bool) -> std::io::Result<()> {
     use std::io::Write;
     std::fs::create_dir_all(dir)?;
     let mut file = tempfile::NamedTempFile::new_in(dir)?;
     file.write_all(contents)?;
-    file.as_file().sync_all()?;
+    if sync {
+        file.as_file().sync_all()?;
+    }
     file.persist(path).map_err(|error| error.error)?;
     Ok(())
 }
@@ -315,6 +513,139 @@ mod tests {
         assert!(runtime.compile(path, &component(1)).unwrap().from_cache, "the same bytes hit");
         assert!(!runtime.compile(path, &component(2)).unwrap().from_cache, "other bytes miss");
         assert_eq!(std::fs::read_dir(cache.path()).unwrap().count(), 2);
+    }
+
+    /// Long enough for a file's timestamps to move past their granule: a
+    /// file written this long ago may be indexed by [`indexing_runtime`].
+    const SETTLE: Duration = Duration::from_millis(100);
+
+    /// A runtime whose cache indexes files changed at least `racy_window` ago.
+    fn runtime_indexing_after(cache: &Path, racy_window: Duration) -> Runtime {
+        let mut runtime = Runtime::new(&Limits::default(), Some(cache.to_path_buf())).unwrap();
+        runtime.cache.as_mut().unwrap().racy_window = racy_window;
+        runtime
+    }
+
+    /// A runtime whose cache indexes files changed at least [`SETTLE`] ago.
+    fn indexing_runtime(cache: &Path) -> Runtime {
+        runtime_indexing_after(cache, SETTLE)
+    }
+
+    /// Write `bytes` to `path`, then wait until the file may be indexed.
+    fn write_settled(path: &Path, bytes: &[u8]) {
+        std::fs::write(path, bytes).unwrap();
+        std::thread::sleep(SETTLE);
+    }
+
+    /// Load the file at `path`, and the bytes that were read from it, if
+    /// any were.
+    fn load(runtime: &Runtime, path: &Path) -> (Compiled, Option<Vec<u8>>) {
+        let mut read = None;
+        let compiled = runtime
+            .compile_file(path, |bytes| {
+                read = Some(bytes.to_vec());
+                Ok(())
+            })
+            .unwrap();
+        (compiled, read)
+    }
+
+    /// The index entries of `cache`, and what each holds.
+    fn index_entries(cache: &Path) -> Vec<(PathBuf, String)> {
+        let Ok(entries) = std::fs::read_dir(cache.join(INDEX_DIR)) else { return Vec::new() };
+        entries
+            .map(|entry| {
+                let path = entry.unwrap().path();
+                let held = std::fs::read_to_string(&path).unwrap();
+                (path, held)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn an_unchanged_file_is_loaded_from_the_index_without_being_read() {
+        let (cache, plugins) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let runtime = indexing_runtime(cache.path());
+        let path = plugins.path().join("plugin.wasm");
+        write_settled(&path, &component(1));
+
+        let (first, read) = load(&runtime, &path);
+        assert!(!first.from_cache, "a cold cache compiles");
+        assert_eq!(read, Some(component(1)), "a file the index does not know is read");
+        let (second, read) = load(&runtime, &path);
+        assert!(second.from_cache);
+        assert_eq!(read, None, "an indexed file is not read");
+        assert_eq!(second.size, component(1).len() as u64, "the size comes from the file's metadata");
+    }
+
+    #[test]
+    fn a_file_rewritten_with_other_bytes_of_the_same_size_is_read_again() {
+        let (cache, plugins) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let runtime = indexing_runtime(cache.path());
+        let path = plugins.path().join("plugin.wasm");
+        assert_eq!(component(1).len(), component(2).len());
+        write_settled(&path, &component(1));
+        load(&runtime, &path);
+
+        write_settled(&path, &component(2));
+        let (rewritten, read) = load(&runtime, &path);
+        assert_eq!(read, Some(component(2)), "the changed file is read, not served the old code");
+        assert!(!rewritten.from_cache, "its new bytes are compiled");
+        let (again, read) = load(&runtime, &path);
+        assert!(again.from_cache && read.is_none(), "and its new identity is indexed");
+        let held: Vec<String> = index_entries(cache.path()).into_iter().map(|(_, held)| held).collect();
+        let keys = [1, 2].map(|answer| blake3::hash(&component(answer)).to_hex().to_string());
+        assert_eq!(held.len(), 2);
+        assert!(keys.iter().all(|key| held.contains(key)), "each identity maps to the bytes it had");
+    }
+
+    #[test]
+    fn a_file_changed_moments_ago_is_not_indexed() {
+        let (cache, plugins) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        // However slow the machine, the file is younger than an hour.
+        let runtime = runtime_indexing_after(cache.path(), Duration::from_secs(3600));
+        let path = plugins.path().join("plugin.wasm");
+        std::fs::write(&path, component(1)).unwrap();
+        load(&runtime, &path);
+
+        let (second, read) = load(&runtime, &path);
+        assert!(second.from_cache, "its compiled code is found by its bytes");
+        assert_eq!(read, Some(component(1)), "but the file is read again");
+        assert!(index_entries(cache.path()).is_empty());
+    }
+
+    #[test]
+    fn a_corrupt_or_truncated_index_entry_is_a_miss() {
+        let (cache, plugins) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let runtime = indexing_runtime(cache.path());
+        let path = plugins.path().join("plugin.wasm");
+        write_settled(&path, &component(1));
+        load(&runtime, &path);
+        let [(entry, key)] = <[_; 1]>::try_from(index_entries(cache.path())).unwrap();
+
+        for corrupt in [b"garbage".as_slice(), &key.as_bytes()[..40], b"", key.to_uppercase().as_bytes()] {
+            std::fs::write(&entry, corrupt).unwrap();
+            let (compiled, read) = load(&runtime, &path);
+            assert!(read.is_some(), "a corrupt entry is a miss: the file is read");
+            assert!(compiled.from_cache, "and its code found by its bytes");
+            assert_eq!(std::fs::read_to_string(&entry).unwrap(), key, "the entry is rewritten");
+        }
+    }
+
+    #[test]
+    fn an_index_entry_whose_code_is_gone_is_a_miss() {
+        let (cache, plugins) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let runtime = indexing_runtime(cache.path());
+        let path = plugins.path().join("plugin.wasm");
+        write_settled(&path, &component(1));
+        load(&runtime, &path);
+        let artifact = runtime.cache.as_ref().unwrap().artifact(&blake3::hash(&component(1)).to_hex());
+        std::fs::remove_file(artifact).unwrap();
+
+        let (compiled, read) = load(&runtime, &path);
+        assert!(read.is_some() && !compiled.from_cache, "the file is read and compiled again");
+        let (compiled, read) = load(&runtime, &path);
+        assert!(read.is_none() && compiled.from_cache);
     }
 
     #[test]

@@ -126,9 +126,7 @@ impl PluginTool {
         grants: &Grants,
         limits: &Limits,
     ) -> Result<Self> {
-        let bytes = std::fs::read(path).map_err(|error| Error::io("read", path, error))?;
-        check_header(path, &bytes)?;
-        let compiled = runtime.compile(path, &bytes)?;
+        let compiled = runtime.compile_file(path, |bytes| check_header(path, bytes))?;
         check_contract(runtime, path, &compiled.component)?;
         let instance_pre = runtime
             .linker()
@@ -148,11 +146,8 @@ impl PluginTool {
             mounts: Arc::new(Mounts::none()),
         };
         let spec = read_spec(&mut shared, path, grants).await?;
-        let report = LoadReport {
-            from_cache: compiled.from_cache,
-            compile_time: compiled.time,
-            size: bytes.len() as u64,
-        };
+        let report =
+            LoadReport { from_cache: compiled.from_cache, compile_time: compiled.time, size: compiled.size };
         Ok(PluginTool { spec, shared: Arc::new(shared), report })
     }
 
