@@ -200,22 +200,27 @@ fn check_contract(runtime: &Runtime, path: &Path, component: &wasmtime::componen
     ))
 }
 
-/// Read the input-independent facts of the tool, once, in fresh instances
-/// with no filesystem: a trap in `metadata` fails the load, a trap elsewhere
-/// gives the fallback (for `is-enabled`, false: the tool is left out).
+/// Read the input-independent facts of the tool, once, in a fresh instance
+/// with no filesystem (a second one when its grant gives it an environment):
+/// a trap in `metadata` fails the load, a trap elsewhere gives the fallback
+/// (for `is-enabled`, false: the tool is left out).
 async fn read_spec(shared: &mut Shared, path: &Path, grants: &Grants) -> Result<ToolSpec> {
     let mut meter = Meter::unmetered();
     let mut questions = Questions::new(shared, Grant::Nothing, &mut meter);
     let metadata = query!(questions, |guest, store| guest.call_metadata(store))
         .map_err(|error| Error::plugin(path, format!("`metadata` failed: {error}")))?;
-    drop(questions);
+    let asked = questions.sandbox.take();
     // The grant follows the tool's name, known only now; the questions below
-    // see the plugin's environment but still no directory.
+    // see the plugin's environment but still no directory. When that
+    // environment is empty, as `metadata`'s was, they are asked in its
+    // instance: a second one would differ only in the name its log lines
+    // carry (the file's, not the tool's).
     shared.name = metadata.name.as_str().into();
     shared.grant = grants.for_tool(&metadata.name);
     shared.mounts =
         Arc::new(Mounts::open(&shared.grant).map_err(|error| Error::plugin(path, error.to_string()))?);
-    let mut questions = Questions::new(shared, Grant::Nothing, &mut meter);
+    let sandbox = asked.filter(|_| shared.grant.env.is_empty());
+    let mut questions = Questions { shared, grant: Grant::Nothing, sandbox, meter: &mut meter };
     let enabled = ask!(questions, "is-enabled", false, |guest, store| guest.call_is_enabled(store));
     let max_result_size =
         ask!(questions, "max-result-size", Some(DEFAULT_MAX_RESULT_SIZE_CHARS), |guest, store| {

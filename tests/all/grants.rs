@@ -4,6 +4,7 @@
 use std::path::Path;
 
 use keel_host::config::Config;
+use keel_host::tool::ResultSize;
 use keel_host::{Host, ToolResult, ToolUse};
 use serde_json::{Value, json};
 
@@ -214,6 +215,16 @@ fn the_environment_holds_only_granted_variables_and_there_are_no_args() {
         ToolResult::ok("a", expected),
         "the granted variable with its host value, nothing else"
     );
+}
+
+#[test]
+fn the_questions_asked_at_load_see_the_granted_environment() {
+    let world = World::new();
+    // `hostile`'s max-result-size counts the variables it sees.
+    let max_result_size = |host: Host| host.pool().get("hostile").unwrap().tool.spec().max_result_size;
+    assert_eq!(max_result_size(world.host("")), ResultSize::Chars(50_000));
+    let granted = world.host("[plugins.hostile]\nenv = [\"PATH\", \"KEEL_TEST_NEVER_SET\"]\n");
+    assert_eq!(max_result_size(granted), ResultSize::Chars(50_001));
 }
 
 #[test]

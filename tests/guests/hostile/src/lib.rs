@@ -125,8 +125,10 @@ impl Guest for Hostile {
         false
     }
 
+    /// 50,000, plus one for each environment variable it sees: a test tells
+    /// by it which environment the questions asked at load saw.
     fn max_result_size() -> Option<u64> {
-        Some(50_000)
+        Some(50_000 + std::env::vars().count() as u64)
     }
 
     fn check(text: String) -> Result<PermissionDecision, String> {
