@@ -236,7 +236,7 @@ struct CompileCache {
 /// written twice within one keeps the same identity; 2 s covers them all, as
 /// git's racy-timestamp check does. A plugin installed a moment ago is read
 /// and hashed until then.
-const RACY_WINDOW: Duration = Duration::from_secs(2);
+pub(crate) const RACY_WINDOW: Duration = Duration::from_secs(2);
 
 /// The subdirectory of the cache that holds the index.
 const INDEX_DIR: &str = "index";
