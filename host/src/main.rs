@@ -6,6 +6,12 @@ use clap::{Parser, Subcommand};
 
 mod commands;
 
+/// Sandboxes are made on one worker thread and often dropped on another:
+/// glibc malloc takes the first thread's arena lock for such a free, so two
+/// workers contend on it; mimalloc frees across threads without a lock.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// A WebAssembly plugin host for third-party agent tools.
 #[derive(Parser)]
 #[command(name = "keel", version, about)]
