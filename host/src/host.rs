@@ -289,7 +289,7 @@ impl Drop for AbandonOnDrop {
 
 /// A loaded set of tools, ready to run batches.
 pub struct Host {
-    #[expect(dead_code, reason = "kept alive for the plugins' sandboxes; the scheduler will use it")]
+    #[expect(dead_code, reason = "kept alive for as long as the plugins' sandboxes")]
     runtime: Arc<Runtime>,
     pool: Arc<ToolPool>,
     workspace: PathBuf,
