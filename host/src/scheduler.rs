@@ -325,8 +325,10 @@ struct Batch {
 
 /// Where a call is.
 enum Slot {
-    /// Not yet planned, or being planned.
+    /// Not yet planned.
     Unplanned,
+    /// Being planned by a task.
+    Planning,
     /// Planned, waiting for its turn.
     Waiting(Result<Prepared, ToolResult>),
     /// Started (or finished).
@@ -378,23 +380,40 @@ impl Batch {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Plan call `index`, then run whatever its planning let start.
+    /// Plan call `index`, unless another task already took it, then run
+    /// whatever its planning let start.
     async fn plan(self: Arc<Self>, index: usize) {
-        let guard = Failing { batch: &self, index, running: false };
+        if self.lock().claim(index) {
+            let (starts, plans) = self.plan_claimed(index).await;
+            self.work(starts, plans).await;
+        }
+    }
+
+    /// Plan call `index`, claimed by this task: what may start now, and
+    /// what to plan next.
+    async fn plan_claimed(self: &Arc<Self>, index: usize) -> (Vec<Start>, std::ops::Range<usize>) {
+        let guard = Failing { batch: self, index, running: false };
         let call = runner::prepare(&self.pool, &self.uses[index], self.fuel.as_ref()).await;
         std::mem::forget(guard);
-        let (starts, plans) = self.lock().planned(&self, index, call);
-        self.work(starts, plans).await;
+        self.lock().planned(self, index, call)
     }
 
     /// Run the first of `starts` here and hand the rest, and the planning of
     /// `plans`, to tasks of their own; then go on with the next call whose
     /// turn comes when this one finishes, for as long as there is one.
+    ///
+    /// With nothing to run, the task plans the next call itself if that
+    /// call's planning task has not begun: a task spawned on a busy worker
+    /// may wait there long after another worker ran out of calls.
     async fn work(self: &Arc<Self>, mut starts: Vec<Start>, mut plans: std::ops::Range<usize>) {
         loop {
             let mine = if starts.is_empty() { None } else { Some(starts.swap_remove(0)) };
             self.spawn(starts, plans);
-            let Some(Start { index, call, context }) = mine else { return };
+            let Some(Start { index, call, context }) = mine else {
+                let Some(index) = self.lock().claim_next() else { return };
+                (starts, plans) = self.plan_claimed(index).await;
+                continue;
+            };
             let guard = Failing { batch: self, index, running: true };
             let threshold = self.thresholds[index];
             let (result, modifier) =
@@ -445,6 +464,22 @@ impl Drop for Failing<'_> {
 }
 
 impl State {
+    /// Take call `index` to plan, unless a task already took it.
+    fn claim(&mut self, index: usize) -> bool {
+        let unclaimed = matches!(self.calls[index], Slot::Unplanned);
+        if unclaimed {
+            self.calls[index] = Slot::Planning;
+        }
+        unclaimed
+    }
+
+    /// The first call not yet started, taken to plan, if its planning was
+    /// handed to a task that has not begun it.
+    fn claim_next(&mut self) -> Option<usize> {
+        let index = self.next;
+        (index < self.planning && self.claim(index)).then_some(index)
+    }
+
     /// Call `index` is planned: keep it, announce the plan once every call
     /// is, and say what may start now.
     fn planned(
