@@ -161,6 +161,11 @@ pub(crate) async fn run(
     let thresholds: Vec<Threshold> =
         uses.iter().map(|tool_use| options.budget.threshold_in(&pool, &tool_use.name)).collect();
     let (results, context) = match uses {
+        // Nothing to plan or run: no task would ever report the batch done.
+        [] => {
+            emit_with(&events, || Event::BatchPlan { batches: Vec::new() });
+            (Vec::new(), context)
+        }
         [tool_use] => {
             let (result, context) =
                 run_alone(&pool, tool_use, context, &options, thresholds[0], &events, &interrupt).await;
@@ -339,7 +344,7 @@ struct State {
     calls: Vec<Slot>,
     /// Whether each planned call is concurrency-safe.
     safe: Vec<bool>,
-    /// Calls whose planning began: `0..planning`.
+    /// Calls whose planning was handed to a task: `0..planning`.
     planning: usize,
     /// Calls planned so far.
     planned: usize,

@@ -213,6 +213,30 @@ fn a_call_that_panics_the_host_gets_its_one_result_and_the_others_run() {
 }
 
 #[test]
+fn an_empty_batch_finishes_with_no_results_and_an_empty_plan() {
+    let workspace = tempfile::tempdir().unwrap();
+    let host = block_on(host_of(workspace.path(), &["keel_tool_echo"]).build()).unwrap();
+    let (events, results, context) = block_on(async {
+        let waited = tokio::time::timeout(Duration::from_secs(10), async {
+            let outcome = host.run_batch(&[]).await;
+            assert!(outcome.results.is_empty());
+            let mut run = host.start_batch(Vec::new(), keel_host::context::initial());
+            let mut events = Vec::new();
+            while let Some(event) = run.next_event().await {
+                events.push(event);
+            }
+            let outcome = run.finish().await;
+            (events, outcome.results, outcome.context)
+        });
+        waited.await.expect("an empty batch finishes")
+    });
+    assert!(results.is_empty());
+    assert_eq!(context, keel_host::context::initial());
+    assert!(matches!(events.first(), Some(Event::BatchPlan { batches }) if batches.is_empty()), "{events:?}");
+    assert!(events.iter().any(|event| matches!(event, Event::BatchFinished { calls: 0, errors: 0, .. })));
+}
+
+#[test]
 fn an_interrupt_before_anything_starts_gives_every_call_an_interrupted_result() {
     let workspace = tempfile::tempdir().unwrap();
     let builder = host_of(workspace.path(), &["keel_tool_sleep"]);
