@@ -1,6 +1,7 @@
 //! `keel`: run sandboxed agent tools from the command line.
 
 use std::process::ExitCode;
+use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 
@@ -39,6 +40,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    let started = Instant::now();
     // A trap or a limit in a plugin is a wasmtime error, made on the call's
     // path; where `RUST_BACKTRACE` is set, each would capture a host
     // backtrace nobody reads. Library backtraces stay off unless asked for
@@ -50,7 +52,7 @@ fn main() -> ExitCode {
     init_logging();
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Bench(args) => commands::bench::run(&args),
+        Command::Bench(args) => commands::bench::run(&args, started),
         Command::Run(args) => commands::run::run(&args),
         Command::Test(args) => commands::test::run(&args),
         Command::List(args) => commands::list::run(&args),

@@ -2,6 +2,7 @@
 
 use std::io::Write as _;
 use std::path::PathBuf;
+use std::time::Instant;
 
 use anyhow::{Context as _, Result};
 use clap::Args;
@@ -27,12 +28,24 @@ pub struct BenchArgs {
     /// tool behind rmcp (`bench::mcp::NATIVE_ECHO_ARGS` spawns it).
     #[arg(long, hide = true)]
     serve_native_echo: bool,
+    /// Start a pool of the plugins in PLUGINS with the compile cache in
+    /// CACHE, print the milliseconds since the process started, and exit:
+    /// one start of the start-up figure (`bench::START_POOL_ARGS`).
+    #[arg(long, hide = true, num_args = 2, value_names = ["PLUGINS", "CACHE"])]
+    start_pool: Option<Vec<PathBuf>>,
 }
 
-/// Measure every figure and print it as it is measured.
-pub fn run(args: &BenchArgs) -> Result<()> {
+/// Measure every figure and print it as it is measured. `started` is when
+/// the process started.
+pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
     if args.serve_native_echo {
         return Ok(bench::mcp::serve_native_echo()?);
+    }
+    if let Some([plugins, cache]) = args.start_pool.as_deref() {
+        let (ms, _host, _runtime) = bench::start_pool(plugins, cache, started)?;
+        println!("{ms}");
+        // What comes after the start is not measured, and need not be done.
+        std::process::exit(0);
     }
     // A captured backtrace per wasmtime error would be measured too.
     // SAFETY: nothing else runs yet: the benchmarks start their threads below.
