@@ -5,6 +5,8 @@ wasmtime::component::bindgen!({
     world: "keel:tool/tool",
     imports: { default: async },
     exports: { default: async },
+    // Load-time answers are kept in the compile cache.
+    additional_derives: [serde::Serialize, serde::Deserialize],
 });
 
 pub use exports::keel::tool::guest::ToolMetadata;

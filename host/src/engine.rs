@@ -115,13 +115,17 @@ impl Runtime {
     /// Compile `bytes` (read from `path`), or load them from the cache.
     pub fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Compiled> {
         let started = Instant::now();
-        let (component, from_cache) = match &self.cache {
-            Some(cache) => cache.get_or_compile(&self.engine, &cache.content_key(bytes), || {
-                self.compile_bytes(path, bytes)
-            })?,
-            None => (self.compile_bytes(path, bytes)?, false),
+        let (component, from_cache, content_key) = match &self.cache {
+            Some(cache) => {
+                let content_key = cache.content_key(bytes);
+                let (component, from_cache) =
+                    cache.get_or_compile(&self.engine, &content_key, || self.compile_bytes(path, bytes))?;
+                (component, from_cache, Some(content_key))
+            }
+            None => (self.compile_bytes(path, bytes)?, false, None),
         };
-        Ok(Compiled { component, from_cache, time: started.elapsed(), size: bytes.len() as u64 })
+        let size = bytes.len() as u64;
+        Ok(Compiled { component, from_cache, time: started.elapsed(), size, content_key })
     }
 
     /// Compile the component in the file at `path`, or load it from the
@@ -136,21 +140,99 @@ impl Runtime {
     pub fn compile_file(&self, path: &Path, check: impl FnOnce(&[u8]) -> Result<()>) -> Result<Compiled> {
         let started = Instant::now();
         if let Some(cache) = &self.cache
-            && let Some((component, size)) = cache.load_indexed(&self.engine, path)
+            && let Some(identity) = cache.identify(path)
+            && let Some(component) = cache.load_identified(&self.engine, &identity)
         {
-            return Ok(Compiled { component, from_cache: true, time: started.elapsed(), size });
+            let Identity { content_key, size } = identity;
+            return Ok(Compiled {
+                component,
+                from_cache: true,
+                time: started.elapsed(),
+                size,
+                content_key: Some(content_key),
+            });
         }
+        self.read_and_compile(path, None, check, started)
+    }
+
+    /// What the compile cache's index knows of the file at `path` as it is
+    /// now, without opening the file: the content key of its bytes and its
+    /// size. `None` when there is no cache or the index does not know the
+    /// file so (see [`Runtime::compile_file`]).
+    pub fn identify(&self, path: &Path) -> Option<Identity> {
+        self.cache.as_ref()?.identify(path)
+    }
+
+    /// The component of the bytes `identity` names, which the file at `path`
+    /// held when it was identified: loaded from the cache, or else read from
+    /// `path` again, vetted by `check` and compiled. Fails, saying so, when
+    /// the file no longer holds those bytes.
+    pub fn compile_identified(
+        &self,
+        path: &Path,
+        identity: &Identity,
+        check: impl FnOnce(&[u8]) -> Result<()>,
+    ) -> Result<Compiled> {
+        let started = Instant::now();
+        if let Some(cache) = &self.cache
+            && let Some(component) = cache.load_identified(&self.engine, identity)
+        {
+            let (size, content_key) = (identity.size, Some(identity.content_key.clone()));
+            return Ok(Compiled { component, from_cache: true, time: started.elapsed(), size, content_key });
+        }
+        self.read_and_compile(path, Some(&identity.content_key), check, started)
+    }
+
+    /// Read the file at `path`, vet its bytes with `check`, and compile them
+    /// or load them from the cache, indexing the file; when `expected` is
+    /// given, only if they are still the bytes of that content key.
+    fn read_and_compile(
+        &self,
+        path: &Path,
+        expected: Option<&str>,
+        check: impl FnOnce(&[u8]) -> Result<()>,
+        started: Instant,
+    ) -> Result<Compiled> {
         let (bytes, stat) = read_with_stat(path).map_err(|error| Error::io("read", path, error))?;
         check(&bytes)?;
         let Some(cache) = &self.cache else {
             let component = self.compile_bytes(path, &bytes)?;
-            return Ok(Compiled { component, from_cache: false, time: started.elapsed(), size: stat.len() });
+            let (time, size) = (started.elapsed(), stat.len());
+            return Ok(Compiled { component, from_cache: false, time, size, content_key: None });
         };
         let content_key = cache.content_key(&bytes);
+        if expected.is_some_and(|expected| expected != content_key) {
+            return Err(Error::plugin(
+                path,
+                "changed since keel loaded it; restart keel to load the new version",
+            ));
+        }
         let (component, from_cache) =
             cache.get_or_compile(&self.engine, &content_key, || self.compile_bytes(path, &bytes))?;
         cache.record(path, &stat, &content_key);
-        Ok(Compiled { component, from_cache, time: started.elapsed(), size: stat.len() })
+        let (time, size) = (started.elapsed(), stat.len());
+        Ok(Compiled { component, from_cache, time, size, content_key: Some(content_key) })
+    }
+
+    /// What was stored by [`Runtime::remember`] for the bytes of
+    /// `content_key` under `topic`, on this engine; `None` when nothing
+    /// was, or there is no cache. It may be damaged (a crash while it was
+    /// written): the caller checks it, and treats what it cannot read as
+    /// absent.
+    pub fn recall(&self, content_key: &str, topic: &str) -> Option<Vec<u8>> {
+        let cache = self.cache.as_ref()?;
+        std::fs::read(cache.answers_entry(content_key, topic)).ok()
+    }
+
+    /// Store `answers` about the bytes of `content_key` under `topic`, for
+    /// [`Runtime::recall`]: what a later start can know of a component
+    /// without loading it. Best effort, and not synced: a failure is logged.
+    pub fn remember(&self, content_key: &str, topic: &str, answers: &[u8]) {
+        let Some(cache) = &self.cache else { return };
+        let entry = cache.answers_entry(content_key, topic);
+        if let Err(error) = replace_file(&cache.dir.join(ANSWERS_DIR), &entry, answers, false) {
+            tracing::warn!(path = %entry.display(), "failed to write to the compile cache: {error}");
+        }
     }
 
     fn compile_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Component> {
@@ -179,6 +261,18 @@ pub struct Compiled {
     /// How long compiling or loading took.
     pub time: Duration,
     /// Size of the component file in bytes.
+    pub size: u64,
+    /// The content key of the component's bytes, when there is a cache:
+    /// what [`Runtime::recall`] and [`Runtime::remember`] file answers by.
+    pub content_key: Option<String>,
+}
+
+/// A file as the compile cache's index knows it (see [`Runtime::identify`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Identity {
+    /// The content key of the bytes the file holds.
+    pub content_key: String,
+    /// The file's size in bytes.
     pub size: u64,
 }
 
@@ -241,6 +335,9 @@ pub(crate) const RACY_WINDOW: Duration = Duration::from_secs(2);
 /// The subdirectory of the cache that holds the index.
 const INDEX_DIR: &str = "index";
 
+/// The subdirectory of the cache that holds what [`Runtime::remember`] keeps.
+const ANSWERS_DIR: &str = "answers";
+
 impl CompileCache {
     fn new(dir: PathBuf, engine: &Engine) -> Self {
         let mut hasher = Blake3Hasher(blake3::Hasher::new());
@@ -299,18 +396,31 @@ impl CompileCache {
         }
     }
 
-    /// The component of the file at `path` and the file's size, when the
-    /// index knows the file as it is now and its artifact loads; `None`, a
-    /// miss, otherwise. The file itself is not opened.
-    fn load_indexed(&self, engine: &Engine, path: &Path) -> Option<(Component, u64)> {
+    /// The file at `path` as the index knows it, when it knows the file as
+    /// it is now; `None`, a miss, otherwise. The file itself is not opened.
+    fn identify(&self, path: &Path) -> Option<Identity> {
         let stat = std::fs::metadata(path).ok().filter(Metadata::is_file)?;
         let entry = self.index_entry(path, &stat)?;
         let held = std::fs::read(entry).ok()?;
-        let content_key = parse_content_key(&held)?;
-        // An artifact that does not load is left to the full lookup, which
-        // reports it and replaces it.
-        let component = try_load(engine, &self.artifact(content_key)).ok()??;
-        Some((component, stat.len()))
+        let content_key = parse_content_key(&held)?.to_owned();
+        Some(Identity { content_key, size: stat.len() })
+    }
+
+    /// The component of the artifact `identity` names, when it loads; an
+    /// artifact that does not load is left to the full lookup, which reports
+    /// it and replaces it.
+    fn load_identified(&self, engine: &Engine, identity: &Identity) -> Option<Component> {
+        try_load(engine, &self.artifact(&identity.content_key)).ok()?
+    }
+
+    /// Where answers about the bytes of `content_key` under `topic` are
+    /// kept: a name bound to those bytes, this engine and the topic.
+    fn answers_entry(&self, content_key: &str, topic: &str) -> PathBuf {
+        let mut hasher = blake3::Hasher::new();
+        for part in [content_key, &self.engine_key, topic] {
+            hasher.update(&(part.len() as u64).to_le_bytes()).update(part.as_bytes());
+        }
+        self.dir.join(ANSWERS_DIR).join(hex(&hasher.finalize().as_bytes()[..16]))
     }
 
     /// Index the file at `path`, described by `stat` (taken from the open

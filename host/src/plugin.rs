@@ -5,11 +5,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use wasmtime::component::types::ComponentItem;
 
 use crate::bindings::{self, CONTRACT_VERSION, GUEST_INTERFACE, ToolPre};
-use crate::engine::{Runtime, root_cause};
+use crate::engine::{Identity, Runtime, root_cause};
 use crate::error::{Error, Result};
 use crate::grants::{Grants, PluginGrant};
 use crate::limits::{BatchFuel, LimitKind, Limits, units};
@@ -62,15 +63,23 @@ macro_rules! query {
 }
 
 /// Ask one question of the guest (see [`query!`]). A trap, a limit or a
-/// timeout logs a warning naming the plugin and gives `$fallback`.
+/// timeout logs a warning naming the plugin and gives `$fallback`, and sets
+/// `$fell_back` when given.
 macro_rules! ask {
     ($questions:expr, $export:literal, $fallback:expr, |$guest:ident, $store:ident| $call:expr) => {{
+        let mut fell_back = false;
+        let answer = ask!($questions, $export, $fallback, fell_back, |$guest, $store| $call);
+        let _ = fell_back;
+        answer
+    }};
+    ($questions:expr, $export:literal, $fallback:expr, $fell_back:ident, |$guest:ident, $store:ident| $call:expr) => {{
         let questions: &mut Questions<'_> = &mut $questions;
         match query!(*questions, |$guest, $store| $call) {
             Ok(answer) => answer,
             Err(error) => {
                 let plugin = &questions.shared.name;
                 tracing::warn!(%plugin, "`{}` failed, using the conservative answer: {error}", $export);
+                $fell_back = true;
                 $fallback
             }
         }
@@ -86,8 +95,12 @@ const CORE_MODULE_VERSION: [u8; 4] = [1, 0, 0, 0];
 /// How a plugin was loaded: for `keel inspect` and for tests of the cache.
 #[derive(Clone, Debug)]
 pub struct LoadReport {
-    /// Whether compiled code came from the compile cache.
+    /// Whether the load was served by the compile cache: its compiled code,
+    /// or its load-time answers (see `answers_from_cache`).
     pub from_cache: bool,
+    /// Whether the load-time answers came from the compile cache, so that
+    /// the code was not loaded at all: it is, at the plugin's first call.
+    pub answers_from_cache: bool,
     /// How long compiling or loading the code took.
     pub compile_time: Duration,
     /// Size of the component file in bytes.
@@ -103,58 +116,198 @@ pub struct PluginTool {
 
 /// What every call of one plugin needs.
 struct Shared {
-    pre: ToolPre<SandboxState>,
+    /// The linked component: set at load, or at the first call when the
+    /// load-time answers came from the cache (see `deferred`).
+    code: tokio::sync::OnceCell<ToolPre<SandboxState>>,
+    /// Where the code comes from when it was not loaded with the plugin.
+    deferred: Option<Deferred>,
     name: Arc<str>,
     limits: Limits,
     grant: PluginGrant,
     mounts: Arc<Mounts>,
 }
 
+/// A plugin's code, left unloaded at start: the file it was in and the
+/// bytes that file held then.
+struct Deferred {
+    runtime: Arc<Runtime>,
+    path: PathBuf,
+    identity: Identity,
+}
+
+impl Shared {
+    /// The linked component, loaded now if it was deferred.
+    async fn pre(&self) -> Result<&ToolPre<SandboxState>, CallError> {
+        if let Some(pre) = self.code.get() {
+            return Ok(pre);
+        }
+        let load = || async {
+            let Deferred { runtime, path, identity } =
+                self.deferred.as_ref().expect("a plugin loaded without its code says where it is");
+            let compiled = runtime.compile_identified(path, identity, |bytes| check_header(path, bytes))?;
+            link(runtime, path, &compiled.component)
+        };
+        self.code.get_or_try_init(load).await.map_err(|error: Error| CallError::Host(error.to_string()))
+    }
+}
+
+/// The load-time answers of a plugin, as the compile cache keeps them:
+/// everything its tool spec is made of, bar what the host's configuration
+/// decides (the grant, trust).
+#[derive(Serialize, Deserialize)]
+struct LoadAnswers {
+    metadata: bindings::ToolMetadata,
+    /// A digest of the environment the questions after `metadata` saw:
+    /// answers given under another environment are not reused.
+    env: String,
+    enabled: bool,
+    max_result_size: Option<u64>,
+    requires_user_interaction: bool,
+}
+
+impl LoadAnswers {
+    /// Under what the answers are filed, beside the bytes they are about:
+    /// the questions' contract and the limits they ran under.
+    fn topic(limits: &Limits) -> String {
+        format!("load-answers {CONTRACT_VERSION} {limits:?}")
+    }
+
+    fn env_digest(env: &[(String, String)]) -> String {
+        let mut hasher = blake3::Hasher::new();
+        for (name, value) in env {
+            for part in [name, value] {
+                hasher.update(&(part.len() as u64).to_le_bytes()).update(part.as_bytes());
+            }
+        }
+        hasher.finalize().to_hex().to_string()
+    }
+}
+
 impl PluginTool {
     /// Load the component at `path` with the default grant (the workspace
     /// and nothing else): check it, compile it (or take it from the cache),
     /// and read its metadata once.
-    pub async fn load(runtime: &Runtime, path: &Path, workspace: &Path, limits: &Limits) -> Result<Self> {
+    pub async fn load(
+        runtime: &Arc<Runtime>,
+        path: &Path,
+        workspace: &Path,
+        limits: &Limits,
+    ) -> Result<Self> {
         PluginTool::load_with_grants(runtime, path, &Grants::none(workspace), limits).await
     }
 
     /// [`PluginTool::load`], granting the plugin what `grants` give its tool
     /// name.
+    ///
+    /// A plugin whose file is unchanged since an earlier load on this
+    /// engine, with the same limits, and whose load-time questions all
+    /// answered then under the environment it is granted now, is not loaded
+    /// at all: its answers are taken from the compile cache, and its code is
+    /// loaded at its first call. Load-time questions see no files, so their
+    /// answers depend on the component and that environment alone; a tool
+    /// whose answers depend on the clock or on chance is asked only once per
+    /// version. [`PluginTool::load_fresh`] always asks.
     pub async fn load_with_grants(
-        runtime: &Runtime,
+        runtime: &Arc<Runtime>,
+        path: &Path,
+        grants: &Grants,
+        limits: &Limits,
+    ) -> Result<Self> {
+        match PluginTool::recall(runtime, path, grants, limits) {
+            Some(plugin) => Ok(plugin),
+            None => PluginTool::load_fresh(runtime, path, grants, limits).await,
+        }
+    }
+
+    /// [`PluginTool::load_with_grants`], asking the guest its load-time
+    /// questions whatever the cache holds.
+    pub async fn load_fresh(
+        runtime: &Arc<Runtime>,
         path: &Path,
         grants: &Grants,
         limits: &Limits,
     ) -> Result<Self> {
         let compiled = runtime.compile_file(path, |bytes| check_header(path, bytes))?;
-        check_contract(runtime, path, &compiled.component)?;
-        let instance_pre = runtime
-            .linker()
-            .instantiate_pre(&compiled.component)
-            .map_err(|error| Error::plugin(path, format!("cannot be linked: {}", root_cause(&error))))?;
-        let pre = ToolPre::new(instance_pre).map_err(|error| {
-            Error::plugin(path, format!("does not export the keel tool contract: {}", root_cause(&error)))
-        })?;
+        let pre = link(runtime, path, &compiled.component)?;
         let file_name =
             path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         let mut shared = Shared {
-            pre,
+            code: tokio::sync::OnceCell::new_with(Some(pre)),
+            deferred: None,
             name: file_name.into(),
             limits: *limits,
             // Until its name is known, the plugin gets nothing that depends on it.
             grant: PluginGrant::workspace_only(grants.workspace()),
             mounts: Arc::new(Mounts::none()),
         };
-        let spec = read_spec(&mut shared, path, grants).await?;
-        let report =
-            LoadReport { from_cache: compiled.from_cache, compile_time: compiled.time, size: compiled.size };
+        let (spec, answers) = read_spec(&mut shared, path, grants).await?;
+        if let (Some(answers), Some(content_key)) = (answers, &compiled.content_key) {
+            let answers = serde_json::to_vec(&answers).expect("load answers serialize");
+            runtime.remember(content_key, &LoadAnswers::topic(limits), &answers);
+        }
+        let report = LoadReport {
+            from_cache: compiled.from_cache,
+            answers_from_cache: false,
+            compile_time: compiled.time,
+            size: compiled.size,
+        };
         Ok(PluginTool { spec, shared: Arc::new(shared), report })
+    }
+
+    /// The plugin at `path` made from the answers the cache holds for it,
+    /// its code left unloaded; `None` when there are none that apply, or
+    /// they cannot be used, and the plugin must be loaded.
+    fn recall(runtime: &Arc<Runtime>, path: &Path, grants: &Grants, limits: &Limits) -> Option<Self> {
+        let started = std::time::Instant::now();
+        let identity = runtime.identify(path)?;
+        let held = runtime.recall(&identity.content_key, &LoadAnswers::topic(limits))?;
+        let answers: LoadAnswers = serde_json::from_slice(&held).ok()?;
+        let grant = grants.for_tool(&answers.metadata.name);
+        if answers.env != LoadAnswers::env_digest(&grant.env) {
+            return None;
+        }
+        // Failures below are the load's to report, in its words.
+        let mounts = Mounts::open(&grant).ok()?;
+        let name: Arc<str> = answers.metadata.name.as_str().into();
+        let LoadAnswers { metadata, enabled, max_result_size, requires_user_interaction, .. } = answers;
+        let mut spec =
+            spec_from_metadata(path, metadata, enabled, max_result_size, requires_user_interaction).ok()?;
+        spec.trusted = grant.trusted;
+        let size = identity.size;
+        let deferred = Deferred { runtime: runtime.clone(), path: path.to_path_buf(), identity };
+        let shared = Shared {
+            code: tokio::sync::OnceCell::new(),
+            deferred: Some(deferred),
+            name,
+            limits: *limits,
+            grant,
+            mounts: Arc::new(mounts),
+        };
+        let report =
+            LoadReport { from_cache: true, answers_from_cache: true, compile_time: started.elapsed(), size };
+        Some(PluginTool { spec, shared: Arc::new(shared), report })
     }
 
     /// How the plugin was loaded.
     pub fn load_report(&self) -> &LoadReport {
         &self.report
     }
+}
+
+/// Check that `component` speaks this host's contract and link it.
+fn link(
+    runtime: &Runtime,
+    path: &Path,
+    component: &wasmtime::component::Component,
+) -> Result<ToolPre<SandboxState>> {
+    check_contract(runtime, path, component)?;
+    let instance_pre = runtime
+        .linker()
+        .instantiate_pre(component)
+        .map_err(|error| Error::plugin(path, format!("cannot be linked: {}", root_cause(&error))))?;
+    ToolPre::new(instance_pre).map_err(|error| {
+        Error::plugin(path, format!("does not export the keel tool contract: {}", root_cause(&error)))
+    })
 }
 
 fn check_header(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -204,7 +357,13 @@ fn check_contract(runtime: &Runtime, path: &Path, component: &wasmtime::componen
 /// with no filesystem (a second one when its grant gives it an environment):
 /// a trap in `metadata` fails the load, a trap elsewhere gives the fallback
 /// (for `is-enabled`, false: the tool is left out).
-async fn read_spec(shared: &mut Shared, path: &Path, grants: &Grants) -> Result<ToolSpec> {
+///
+/// Gives the answers too, to keep, when every question answered.
+async fn read_spec(
+    shared: &mut Shared,
+    path: &Path,
+    grants: &Grants,
+) -> Result<(ToolSpec, Option<LoadAnswers>)> {
     let mut meter = Meter::unmetered();
     let mut questions = Questions::new(shared, Grant::Nothing, &mut meter);
     let metadata = query!(questions, |guest, store| guest.call_metadata(store))
@@ -221,18 +380,29 @@ async fn read_spec(shared: &mut Shared, path: &Path, grants: &Grants) -> Result<
         Arc::new(Mounts::open(&shared.grant).map_err(|error| Error::plugin(path, error.to_string()))?);
     let sandbox = asked.filter(|_| shared.grant.env.is_empty());
     let mut questions = Questions { shared, grant: Grant::Nothing, sandbox, meter: &mut meter };
-    let enabled = ask!(questions, "is-enabled", false, |guest, store| guest.call_is_enabled(store));
+    let mut fell_back = false;
+    let enabled =
+        ask!(questions, "is-enabled", false, fell_back, |guest, store| guest.call_is_enabled(store));
     let max_result_size =
-        ask!(questions, "max-result-size", Some(DEFAULT_MAX_RESULT_SIZE_CHARS), |guest, store| {
+        ask!(questions, "max-result-size", Some(DEFAULT_MAX_RESULT_SIZE_CHARS), fell_back, |guest, store| {
             guest.call_max_result_size(store)
         });
-    let requires_user_interaction = ask!(questions, "requires-user-interaction", false, |guest, store| {
-        guest.call_requires_user_interaction(store)
+    let requires_user_interaction =
+        ask!(questions, "requires-user-interaction", false, fell_back, |guest, store| {
+            guest.call_requires_user_interaction(store)
+        });
+    let grant = &questions.shared.grant;
+    let answers = (!fell_back).then(|| LoadAnswers {
+        metadata: metadata.clone(),
+        env: LoadAnswers::env_digest(&grant.env),
+        enabled,
+        max_result_size,
+        requires_user_interaction,
     });
-    let trusted = shared.grant.trusted;
+    let trusted = grant.trusted;
     let mut spec = spec_from_metadata(path, metadata, enabled, max_result_size, requires_user_interaction)?;
     spec.trusted = trusted;
-    Ok(spec)
+    Ok((spec, answers))
 }
 
 fn spec_from_metadata(
@@ -376,8 +546,9 @@ impl<'a> Questions<'a> {
         let reserved = self.meter.reserve(Some(QUERY_FUEL))?;
         // Boxed: a future this large, kept inline, is copied whole into
         // every future that awaits it.
+        let pre = shared.pre().await?;
         let sandbox = Box::pin(Sandbox::new(
-            &shared.pre,
+            pre,
             shared.name.clone(),
             &shared.limits,
             (&shared.grant, &shared.mounts),
@@ -535,11 +706,14 @@ macro_rules! ask_input {
 }
 
 /// Why a question that failed refused the call: the batch's spent fuel
-/// allowance is worth naming (every later call of the batch meets it too);
-/// anything else is the tool's own failure.
+/// allowance is worth naming (every later call of the batch meets it too),
+/// and so is a host that could not run the tool at all (its code could not
+/// be loaded, say); anything else is the tool's own failure.
 fn refusal(what: &str, error: &CallError) -> String {
     match error {
-        CallError::Limit { kind: LimitKind::BatchFuel, .. } => format!("{what} could not run: {error}"),
+        CallError::Limit { kind: LimitKind::BatchFuel, .. } | CallError::Host(_) => {
+            format!("{what} could not run: {error}")
+        }
         _ => format!("{what} failed; the call was refused"),
     }
 }

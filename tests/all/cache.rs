@@ -1,8 +1,11 @@
-//! The compile cache: a second start does not recompile.
+//! The compile cache: a second start does not recompile, nor, when the
+//! plugin's load-time answers are known, load the code before its first call.
 
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
-use keel_host::Host;
+use keel_host::{Host, Limits, ToolResult, ToolUse};
+use serde_json::{Value, json};
 
 use crate::{block_on, guest};
 
@@ -12,12 +15,40 @@ fn compiled(cache: &Path) -> Vec<PathBuf> {
     entries.filter(|path| path.extension().is_some_and(|ext| ext == "cwasm")).collect()
 }
 
-fn start(workspace: &Path, cache: &Path) -> Host {
+fn start_with(plugin: &Path, workspace: &Path, cache: &Path, limits: Limits) -> Host {
     let builder = Host::builder()
         .workspace(workspace)
-        .plugins(guest("keel_tool_write_file"))
-        .cache_dir(Some(cache.to_path_buf()));
+        .plugins(plugin)
+        .cache_dir(Some(cache.to_path_buf()))
+        .limits(limits);
     block_on(builder.build()).unwrap()
+}
+
+fn start(workspace: &Path, cache: &Path) -> Host {
+    start_with(&guest("keel_tool_write_file"), workspace, cache, Limits::default())
+}
+
+/// The guest `name` copied into `dir`, once it is old enough for the cache's
+/// index to know it by its identity: a file that changed in the last 2 s is
+/// read and hashed on every start instead.
+fn settled_copy(name: &str, dir: &Path) -> PathBuf {
+    let path = dir.join(format!("{name}.wasm"));
+    std::fs::copy(guest(name), &path).unwrap();
+    std::thread::sleep(Duration::from_millis(2_100));
+    path
+}
+
+fn answers_from_cache(host: &Host) -> bool {
+    host.load_reports()[0].1.answers_from_cache
+}
+
+fn write(host: &Host, file: &str) -> ToolResult {
+    let call = ToolUse::new("w", "write_file", json!({ "file_path": file, "content": "written" }));
+    block_on(host.run_batch(&[call])).results.remove(0)
+}
+
+fn spec_of(host: &Host, name: &str) -> Value {
+    serde_json::to_value(host.pool().get(name).unwrap().tool.spec()).unwrap()
 }
 
 #[test]
@@ -37,6 +68,66 @@ fn a_second_start_loads_from_the_compile_cache() {
 }
 
 #[test]
+fn a_warm_start_takes_the_load_time_answers_and_loads_the_code_at_the_first_call() {
+    let (plugins, workspace, cache) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let plugin = settled_copy("keel_tool_write_file", plugins.path());
+    let start = || start_with(&plugin, workspace.path(), cache.path(), Limits::default());
+    let first = start();
+    assert!(!answers_from_cache(&first), "a cold cache asks the plugin");
+    let second = start();
+    assert!(answers_from_cache(&second), "a warm one does not");
+    assert_eq!(spec_of(&second, "write_file"), spec_of(&first, "write_file"), "and knows the same tool");
+
+    let result = write(&second, "out.txt");
+    assert!(!result.is_error, "the code is loaded at the first call: {}", result.content);
+    assert_eq!(std::fs::read_to_string(workspace.path().join("out.txt")).unwrap(), "written");
+}
+
+#[test]
+fn answers_that_fell_back_are_asked_again() {
+    let (plugins, workspace, cache) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    // Its `max-result-size` traps and `requires-user-interaction` spins.
+    let plugin = settled_copy("keel_guest_trap_load", plugins.path());
+    let start = || start_with(&plugin, workspace.path(), cache.path(), Limits::default());
+    assert!(!answers_from_cache(&start()));
+    assert!(!answers_from_cache(&start()), "a fallback may have been a passing fault: it is not kept");
+}
+
+#[test]
+fn answers_given_under_other_limits_are_not_reused() {
+    let (plugins, workspace, cache) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let plugin = settled_copy("keel_tool_write_file", plugins.path());
+    let smaller = Limits { memory: 64 << 20, ..Limits::default() };
+    let start = |limits| start_with(&plugin, workspace.path(), cache.path(), limits);
+    start(Limits::default());
+    assert!(!answers_from_cache(&start(smaller)), "a limit may change an answer, or make it trap");
+    assert!(answers_from_cache(&start(smaller)));
+    assert!(answers_from_cache(&start(Limits::default())), "the first answers are still kept");
+}
+
+#[test]
+fn a_plugin_changed_after_a_warm_start_is_not_run_as_another() {
+    let (plugins, workspace, cache) =
+        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let plugin = settled_copy("keel_tool_write_file", plugins.path());
+    let start = || start_with(&plugin, workspace.path(), cache.path(), Limits::default());
+    start();
+    let host = start();
+    assert!(answers_from_cache(&host));
+    // Its code is not loaded yet, and is no longer cached: the file must be read.
+    compiled(cache.path()).iter().for_each(|artifact| std::fs::remove_file(artifact).unwrap());
+    std::fs::write(&plugin, std::fs::read(guest("keel_tool_echo")).unwrap()).unwrap();
+
+    let result = write(&host, "out.txt");
+    assert!(result.is_error);
+    assert!(result.content.contains("changed since keel loaded it"), "{}", result.content);
+    assert!(!workspace.path().join("out.txt").exists());
+}
+
+#[test]
 fn a_corrupt_cache_entry_is_recompiled_and_replaced() {
     let workspace = tempfile::tempdir().unwrap();
     let cache = tempfile::tempdir().unwrap();
@@ -44,6 +135,11 @@ fn a_corrupt_cache_entry_is_recompiled_and_replaced() {
     start();
     let entry = compiled(cache.path()).remove(0);
     std::fs::write(&entry, b"garbage").unwrap();
-    assert!(!start().load_reports()[0].1.from_cache, "the corrupt entry is not trusted");
-    assert!(start().load_reports()[0].1.from_cache, "and it was replaced");
+    let host = start();
+    let report = &host.load_reports()[0].1;
+    // The code is loaded at the start, or at the first call when the
+    // answers are known: either way the corrupt entry is not trusted.
+    assert!(report.answers_from_cache || !report.from_cache, "the corrupt entry is not trusted");
+    assert!(!write(&host, "out.txt").is_error);
+    assert_ne!(std::fs::read(&entry).unwrap(), b"garbage", "and it was replaced");
 }

@@ -10,7 +10,7 @@
 //! KEEL_FUZZ_CASES=100000 cargo test -p keel-tests --test all fuzz
 //! ```
 
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
 use keel_host::batch::{parse_batch, parse_batch_with_limit};
 use keel_host::engine::Runtime;
@@ -98,9 +98,9 @@ proptest! {
     }
 }
 
-fn runtime() -> &'static Runtime {
-    static RUNTIME: OnceLock<Runtime> = OnceLock::new();
-    RUNTIME.get_or_init(|| Runtime::new(&Limits::default(), None).unwrap())
+fn runtime() -> &'static Arc<Runtime> {
+    static RUNTIME: OnceLock<Arc<Runtime>> = OnceLock::new();
+    RUNTIME.get_or_init(|| Arc::new(Runtime::new(&Limits::default(), None).unwrap()))
 }
 
 fn load(bytes: &[u8]) {

@@ -269,7 +269,8 @@ fn unburnt_fuel_goes_back_to_the_batch() {
 #[test]
 fn traps_and_spins_in_the_exports_asked_at_load_give_their_fallbacks() {
     let workspace = tempfile::tempdir().unwrap();
-    let runtime = keel_host::engine::Runtime::new(&Limits::default(), Some(shared_cache())).unwrap();
+    let runtime =
+        Arc::new(keel_host::engine::Runtime::new(&Limits::default(), Some(shared_cache())).unwrap());
     let plugin = block_on(PluginTool::load(
         &runtime,
         &guest("keel_guest_trap_load"),

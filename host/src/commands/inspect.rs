@@ -119,8 +119,9 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let report = tracing::subscriber::with_default(subscriber, || {
         runtime.block_on(async {
-            let engine = Runtime::new(&limits, cache_dir)?;
-            let plugin = PluginTool::load_with_grants(&engine, &args.plugin, &grants, &limits).await?;
+            let engine = Arc::new(Runtime::new(&limits, cache_dir)?);
+            // Asked afresh: what is shown is what the plugin answers now.
+            let plugin = PluginTool::load_fresh(&engine, &args.plugin, &grants, &limits).await?;
             let at_load = warnings.take();
             let spec = plugin.spec().clone();
             let input = given_input.unwrap_or_else(|| sample(&spec.input_schema));
