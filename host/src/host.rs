@@ -356,7 +356,9 @@ impl Host {
         let (pool, options, sink, stop) =
             (self.pool.clone(), self.options.clone(), Events::Channel(sender), interrupt.clone());
         let task =
-            tokio::spawn(async move { scheduler::run(pool, &uses, context, options, sink, stop).await });
+            tokio::spawn(
+                async move { scheduler::run(pool, uses.into(), context, options, sink, stop).await },
+            );
         BatchRun { events, interrupt, task }
     }
 
@@ -370,7 +372,7 @@ impl Host {
             let options = self.options.clone();
             return scheduler::run(
                 self.pool.clone(),
-                uses,
+                uses.into(),
                 context::initial(),
                 options,
                 Events::Nobody,
@@ -383,7 +385,8 @@ impl Host {
         // thread (1,000 safe calls ran 15% faster).
         let (pool, uses, options) = (self.pool.clone(), uses.to_vec(), self.options.clone());
         let run = async move {
-            scheduler::run(pool, &uses, context::initial(), options, Events::Nobody, Interrupt::new()).await
+            scheduler::run(pool, uses.into(), context::initial(), options, Events::Nobody, Interrupt::new())
+                .await
         };
         match tokio::spawn(run).await {
             Ok(outcome) => outcome,
@@ -460,9 +463,16 @@ impl PlannedCall {
         let PlannedCall { prepared, pool, options } = self;
         let events = events.map_or(Events::Nobody, Events::Sink);
         let threshold = options.budget.threshold_in(&pool, &prepared.name);
-        let (result, modifier) =
-            scheduler::run_call(&pool, Ok(prepared), context, &options.budget, threshold, &events, interrupt)
-                .await;
+        let (result, modifier) = scheduler::run_call(
+            &pool,
+            Ok(prepared),
+            Arc::new(context),
+            &options.budget,
+            threshold,
+            &events,
+            interrupt,
+        )
+        .await;
         let mut results = [result];
         options.budget.per_message(&mut results, &[threshold], &mut *options.ledger.lock().await).await;
         let [result] = results;

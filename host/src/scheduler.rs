@@ -3,6 +3,7 @@
 //! most `cap` calls in flight and each unsafe call alone, and hand back
 //! exactly one result per `tool_use`, in order.
 
+use std::borrow::Cow;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
@@ -152,7 +153,7 @@ fn emit_with(events: &Events, event: impl FnOnce() -> Event) {
 /// before the first call starts, unless the batch is longer than the window.
 pub(crate) async fn run(
     pool: Arc<ToolPool>,
-    uses: &[ToolUse],
+    uses: Cow<'_, [ToolUse]>,
     context: Value,
     options: RunOptions,
     events: Events,
@@ -160,20 +161,27 @@ pub(crate) async fn run(
 ) -> BatchOutcome {
     let thresholds: Vec<Threshold> =
         uses.iter().map(|tool_use| options.budget.threshold_in(&pool, &tool_use.name)).collect();
-    let (results, context) = match uses {
+    if uses.len() > 1 {
+        // The batch's tasks share the calls; a batch handed over whole is
+        // not copied for them.
+        let uses: Arc<[ToolUse]> = uses.into_owned().into();
+        let (results, context) =
+            run_many(&pool, uses.clone(), context, &options, &thresholds, &events, &interrupt).await;
+        return finish(&uses, results, &thresholds, context, &options, &events, &interrupt).await;
+    }
+    let (results, context) = match uses.first() {
         // Nothing to plan or run: no task would ever report the batch done.
-        [] => {
+        None => {
             emit_with(&events, || Event::BatchPlan { batches: Vec::new() });
             (Vec::new(), context)
         }
-        [tool_use] => {
+        Some(tool_use) => {
             let (result, context) =
                 run_alone(&pool, tool_use, context, &options, thresholds[0], &events, &interrupt).await;
             (vec![result], context)
         }
-        _ => run_many(&pool, uses, context, &options, &thresholds, &events, &interrupt).await,
     };
-    finish(uses, results, &thresholds, context, &options, &events, &interrupt).await
+    finish(&uses, results, &thresholds, context, &options, &events, &interrupt).await
 }
 
 /// A batch of one call: planned, then run at once, with no partition to
@@ -181,7 +189,7 @@ pub(crate) async fn run(
 async fn run_alone(
     pool: &Arc<ToolPool>,
     tool_use: &ToolUse,
-    mut context: Value,
+    context: Value,
     options: &RunOptions,
     threshold: Threshold,
     events: &Events,
@@ -196,9 +204,12 @@ async fn run_alone(
             batches: partition(&safe).iter().map(|group| PlannedGroup::new(group, ids)).collect(),
         }
     });
+    let shared = Arc::new(context);
     let (result, modifier) =
-        run_call(pool, call, context.clone(), &options.budget, threshold, events, interrupt).await;
+        run_call(pool, call, shared.clone(), &options.budget, threshold, events, interrupt).await;
     emit_with(events, || Event::tool_result(&result));
+    // The call's own copy is gone by now: the context is taken back whole.
+    let mut context = Arc::unwrap_or_clone(shared);
     if let Some(patch) = modifier {
         context::apply(&mut context, &patch);
     }
@@ -208,7 +219,7 @@ async fn run_alone(
 /// A batch of any length: see [`Batch`].
 async fn run_many(
     pool: &Arc<ToolPool>,
-    uses: &[ToolUse],
+    uses: Arc<[ToolUse]>,
     context: Value,
     options: &RunOptions,
     thresholds: &[Threshold],
@@ -217,9 +228,10 @@ async fn run_many(
 ) -> (Vec<ToolResult>, Value) {
     let cap = options.cap.max(1);
     let ids: Vec<String> = uses.iter().map(|tool_use| tool_use.id.clone()).collect();
+    let count = uses.len();
     let batch = Arc::new(Batch {
         pool: pool.clone(),
-        uses: uses.to_vec(),
+        uses,
         events: events.clone(),
         interrupt: interrupt.clone(),
         budget: options.budget.clone(),
@@ -228,8 +240,8 @@ async fn run_many(
         cap,
         window: (2 * cap).max(MIN_PLANNING_WINDOW),
         state: Mutex::new(State {
-            calls: (0..uses.len()).map(|_| Slot::Unplanned).collect(),
-            safe: vec![false; uses.len()],
+            calls: (0..count).map(|_| Slot::Unplanned).collect(),
+            safe: vec![false; count],
             planning: 0,
             planned: 0,
             started: false,
@@ -314,7 +326,7 @@ async fn finish(
 /// not yet started ([`MIN_PLANNING_WINDOW`]).
 struct Batch {
     pool: Arc<ToolPool>,
-    uses: Vec<ToolUse>,
+    uses: Arc<[ToolUse]>,
     events: Events,
     interrupt: Interrupt,
     budget: Budget,
@@ -367,7 +379,7 @@ struct State {
 
 /// A concurrent run: the context its calls see, and their modifiers.
 struct ConcurrentRun {
-    snapshot: Value,
+    snapshot: Arc<Value>,
     queued: Vec<(usize, Value)>,
 }
 
@@ -375,7 +387,7 @@ struct ConcurrentRun {
 struct Start {
     index: usize,
     call: Result<Prepared, ToolResult>,
-    context: Value,
+    context: Arc<Value>,
 }
 
 impl Batch {
@@ -430,12 +442,14 @@ impl Batch {
     }
 
     fn spawn(self: &Arc<Self>, starts: Vec<Start>, plans: std::ops::Range<usize>) {
+        // Boxed: a task's future is moved whole into the task and over
+        // again when it completes; these are about 2 KB.
         for start in starts {
             let batch = self.clone();
-            tokio::spawn(async move { batch.work(vec![start], 0..0).await });
+            tokio::spawn(Box::pin(async move { batch.work(vec![start], 0..0).await }));
         }
         for index in plans {
-            tokio::spawn(self.clone().plan(index));
+            tokio::spawn(Box::pin(self.clone().plan(index)));
         }
     }
 }
@@ -554,9 +568,10 @@ impl State {
                     break;
                 }
                 let context = &self.context;
-                let run = self
-                    .group
-                    .get_or_insert_with(|| ConcurrentRun { snapshot: context.clone(), queued: Vec::new() });
+                let run = self.group.get_or_insert_with(|| ConcurrentRun {
+                    snapshot: Arc::new(context.clone()),
+                    queued: Vec::new(),
+                });
                 run.snapshot.clone()
             } else {
                 if self.running > 0 {
@@ -564,7 +579,7 @@ impl State {
                 }
                 self.close_group();
                 self.exclusive = true;
-                self.context.clone()
+                Arc::new(self.context.clone())
             };
             let Slot::Waiting(call) = std::mem::replace(&mut self.calls[index], Slot::Started) else {
                 unreachable!("the call was seen waiting")
@@ -602,7 +617,7 @@ impl State {
 pub(crate) async fn run_call(
     pool: &ToolPool,
     call: Result<Prepared, ToolResult>,
-    context: Value,
+    context: Arc<Value>,
     budget: &Budget,
     threshold: Threshold,
     events: &Events,
@@ -615,7 +630,7 @@ pub(crate) async fn run_call(
 async fn run_one(
     pool: &ToolPool,
     call: Result<Prepared, ToolResult>,
-    context: Value,
+    context: Arc<Value>,
     events: &Events,
     interrupt: &Interrupt,
 ) -> (ToolResult, Option<Value>) {

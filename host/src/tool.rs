@@ -147,8 +147,9 @@ pub type ProgressSink = Arc<dyn Fn(Value) + Send + Sync>;
 /// What a call is given besides its input.
 #[derive(Clone)]
 pub struct CallContext {
-    /// The shared context object (`cwd` and whatever tools added).
-    pub context: Value,
+    /// The shared context object (`cwd` and whatever tools added): one
+    /// snapshot, shared by every call of a concurrent run.
+    pub context: Arc<Value>,
     /// Where progress reports go, the moment the tool sends them.
     pub progress: ProgressSink,
 }
@@ -156,7 +157,7 @@ pub struct CallContext {
 impl CallContext {
     /// A context that drops progress reports.
     pub fn new(context: Value) -> Self {
-        CallContext { context, progress: Arc::new(|_| {}) }
+        CallContext { context: Arc::new(context), progress: Arc::new(|_| {}) }
     }
 }
 

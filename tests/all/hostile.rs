@@ -191,7 +191,7 @@ fn a_progress_report_that_is_not_json_arrives_as_a_string() {
     let reports = Arc::new(Mutex::new(Vec::new()));
     let sink = reports.clone();
     let cx = CallContext {
-        context: context::initial(),
+        context: Arc::new(context::initial()),
         progress: Arc::new(move |value| sink.lock().unwrap().push(value)),
     };
     let output = block_on(async {
