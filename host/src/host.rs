@@ -141,6 +141,8 @@ impl HostBuilder {
         let workspace =
             workspace.canonicalize().map_err(|error| Error::io("open workspace", &workspace, error))?;
         let limits = self.config.limits.apply(self.limits);
+        // Meanwhile, on another core, what the first schema compiled needs.
+        let meta_schemas = tokio::task::spawn_blocking(crate::schema::prepare_meta_schemas);
         let runtime = Arc::new(Runtime::new(&limits, self.cache_dir)?);
         let grants = Grants::from_config(&self.config.plugins, &workspace)?;
 
@@ -176,6 +178,11 @@ impl HostBuilder {
             permissions = permissions.with_prompter(prompter);
         }
         let options = PoolOptions { permissions: Arc::new(permissions), tool_search: self.builtins };
+        if let Err(error) = meta_schemas.await
+            && error.is_panic()
+        {
+            std::panic::resume_unwind(error.into_panic());
+        }
         let (pool, warnings) = ToolPool::assemble_with(builtins, plugins, options)?;
         let session_dir = self.session_dir.unwrap_or_else(|| workspace.join(DEFAULT_SESSION_DIR));
         // Persisted outputs are shown by a path the model can open with

@@ -14,6 +14,13 @@ pub struct InputSchema {
 /// How many schema violations one error message lists before it stops.
 const MAX_REPORTED_VIOLATIONS: usize = 3;
 
+/// Build the validators of the JSON Schema meta-schemas, which the first
+/// [`InputSchema::compile`] would otherwise build (about 1 ms) before it
+/// can check its schema. For a thread that has nothing else to do.
+pub(crate) fn prepare_meta_schemas() {
+    let _ = jsonschema::meta::is_valid(&serde_json::json!({ "type": "object" }));
+}
+
 impl InputSchema {
     /// Compile `schema`; the error says what is wrong with it.
     pub fn compile(schema: &Value) -> Result<Self, String> {
