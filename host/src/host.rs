@@ -47,6 +47,7 @@ pub struct HostBuilder {
     prompter: Option<Arc<dyn Prompter>>,
     session_dir: Option<PathBuf>,
     ledger: Ledger,
+    keep_ledger: bool,
     summarizer: Option<Arc<dyn Summarizer>>,
 }
 
@@ -110,6 +111,16 @@ impl HostBuilder {
     /// whole, and a replaced one keeps its exact replacement.
     pub fn ledger(mut self, ledger: Ledger) -> Self {
         self.ledger = ledger;
+        self
+    }
+
+    /// Keep no ledger: each budget decision is made and forgotten, and
+    /// [`Host::ledger`] stays empty. For a host whose results are never
+    /// sent again, such as an MCP server's, where every call's result is
+    /// final and a ledger would only grow, by an entry per call, for as long
+    /// as the host serves.
+    pub fn without_ledger(mut self) -> Self {
+        self.keep_ledger = false;
         self
     }
 
@@ -199,7 +210,7 @@ impl HostBuilder {
             cap: scheduler::max_tool_use_concurrency(self.config.max_tool_use_concurrency),
             batch_fuel: Some(limits.batch_fuel),
             budget,
-            ledger: Arc::new(tokio::sync::Mutex::new(self.ledger)),
+            ledger: self.keep_ledger.then(|| Arc::new(tokio::sync::Mutex::new(self.ledger))),
             summarizer: self.summarizer.unwrap_or_else(|| Arc::new(DefaultSummarizer)),
         };
         Ok(Host { runtime, pool: Arc::new(pool), workspace, warnings, reports, options })
@@ -309,7 +320,10 @@ impl Host {
     /// Every budget decision made so far, to save with the transcript and
     /// hand to [`HostBuilder::ledger`] when the session resumes.
     pub async fn ledger(&self) -> Ledger {
-        self.options.ledger.lock().await.clone()
+        match &self.options.ledger {
+            Some(ledger) => ledger.lock().await.clone(),
+            None => Ledger::new(),
+        }
     }
 
     /// Start building a host.
@@ -325,6 +339,7 @@ impl Host {
             prompter: None,
             session_dir: None,
             ledger: Ledger::new(),
+            keep_ledger: true,
             summarizer: None,
         }
     }
@@ -481,7 +496,7 @@ impl PlannedCall {
         )
         .await;
         let mut results = [result];
-        options.budget.per_message(&mut results, &[threshold], &mut *options.ledger.lock().await).await;
+        scheduler::per_message(&options, &mut results, &[threshold]).await;
         let [result] = results;
         scheduler::emit(&events, Event::tool_result(&result));
         (result, modifier)

@@ -60,8 +60,11 @@ pub struct RunOptions {
     pub batch_fuel: Option<u64>,
     /// The result budgets.
     pub budget: Budget,
-    /// Every budget decision so far, shared by the batches of a session.
-    pub ledger: Arc<tokio::sync::Mutex<Ledger>>,
+    /// Every budget decision so far, shared by the batches of a session;
+    /// `None` keeps none (see [`HostBuilder::without_ledger`]).
+    ///
+    /// [`HostBuilder::without_ledger`]: crate::HostBuilder::without_ledger
+    pub ledger: Option<Arc<tokio::sync::Mutex<Ledger>>>,
     /// Labels each batch once it finished.
     pub summarizer: Arc<dyn Summarizer>,
 }
@@ -277,7 +280,7 @@ async fn finish(
 ) -> BatchOutcome {
     // What was streamed, to announce what the per-message budget replaces.
     let streamed = (!events.is_closed()).then(|| results.clone());
-    options.budget.per_message(&mut results, thresholds, &mut *options.ledger.lock().await).await;
+    per_message(options, &mut results, thresholds).await;
     for (sent, kept) in streamed.iter().flatten().zip(&results) {
         if sent.content != kept.content {
             let (tool_use_id, content) = (kept.tool_use_id.clone(), kept.content.clone());
@@ -614,6 +617,15 @@ impl State {
 /// Run one planned call (or pass on its planning failure), and hold its
 /// result to the per-tool budget: every call's step from its turn to its
 /// result, in a batch or on its own ([`crate::PlannedCall::run`]).
+/// The per-message budget over `results`, by the options' ledger, or with
+/// none kept.
+pub(crate) async fn per_message(options: &RunOptions, results: &mut [ToolResult], thresholds: &[Threshold]) {
+    match &options.ledger {
+        Some(ledger) => options.budget.per_message(results, thresholds, &mut *ledger.lock().await).await,
+        None => options.budget.per_message(results, thresholds, &mut Ledger::new()).await,
+    }
+}
+
 pub(crate) async fn run_call(
     pool: &ToolPool,
     call: Result<Prepared, ToolResult>,

@@ -364,3 +364,20 @@ fn a_summary_that_fails_panics_times_out_or_is_empty_is_none() {
         })
     );
 }
+
+#[test]
+fn a_host_without_a_ledger_decides_the_same_and_keeps_nothing() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("big.txt"), text('x', 60_000)).unwrap();
+    let calls = || {
+        let grep = |id: &str| ToolUse::new(id, "grep", json!({ "pattern": "x", "path": "big.txt" }));
+        vec![grep("a"), grep("b")]
+    };
+    let kept = block_on(example_host(workspace.path()).build()).unwrap();
+    let forgetful = block_on(example_host(workspace.path()).without_ledger().build()).unwrap();
+    let with_ledger = block_on(kept.run_batch(&calls())).results;
+    let without = block_on(forgetful.run_batch(&calls())).results;
+    assert_eq!(without, with_ledger, "the same decisions");
+    assert_eq!(block_on(kept.ledger()).len(), 2, "a ledger keeps one decision per call");
+    assert!(block_on(forgetful.ledger()).is_empty(), "none is kept without one");
+}

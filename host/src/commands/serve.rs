@@ -73,7 +73,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     runtime.block_on(async {
         let (config, _) = Config::discover(args.host.config.as_deref(), &std::env::current_dir()?)?;
         let grants_config = config.plugins.clone();
-        let mut builder = args.host.builder_without_config()?.config(config);
+        // Each call's result is final: no ledger to keep them stable.
+        let mut builder = args.host.builder_without_config()?.config(config).without_ledger();
         if let Some(dir) = session_dir(args.host.workspace.as_deref()) {
             builder = builder.session_dir(dir);
         }
