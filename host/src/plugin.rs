@@ -14,9 +14,7 @@ use crate::engine::{Identity, Runtime, root_cause};
 use crate::error::{Error, Result};
 use crate::grants::{Grants, PluginGrant};
 use crate::limits::{BatchFuel, LimitKind, Limits, units};
-use crate::sandbox::{
-    FuelLimit, Grant, Mounts, QUERY_DEADLINE, QUERY_FUEL, Sandbox, SandboxState, export_timer,
-};
+use crate::sandbox::{FuelLimit, Grant, Mounts, QUERY_DEADLINE, QUERY_FUEL, Sandbox, SandboxState};
 use crate::tool::{
     CallContext, CallError, CallOutput, InterruptBehavior, Invocation, PermissionDecision, ResultSize, Tool,
     ToolOrigin, ToolSpec,
@@ -40,9 +38,10 @@ macro_rules! query {
                         Err(error) => Err(error),
                         Ok(()) => {
                             let outcome = {
+                                let until = sandbox.export_timer();
                                 let $guest = sandbox.tool.keel_tool_guest();
                                 let $store = &mut sandbox.store;
-                                crate::sandbox::within(export_timer(QUERY_DEADLINE), Box::pin($call)).await
+                                crate::sandbox::within(until, Box::pin($call)).await
                             };
                             questions.meter.settle(&reserved, sandbox.fuel_left());
                             match outcome {
@@ -814,9 +813,10 @@ impl Invocation for PluginInvocation {
         // The epoch deadline stops guest code; this timer also stops a call
         // blocked in a host function, which the epoch cannot interrupt.
         let outcome = {
+            let until = sandbox.export_timer();
             let guest = sandbox.tool.keel_tool_guest();
             let call = guest.call_call(&mut sandbox.store, &this.input_text, &context);
-            crate::sandbox::within(export_timer(limits.deadline), call).await
+            crate::sandbox::within(until, call).await
         };
         this.meter.settle(&reserved, sandbox.fuel_left());
         match outcome {

@@ -507,6 +507,7 @@ impl Sandbox {
         grant: Grant,
         fuel: (u64, FuelLimit),
     ) -> Result<Self, CallError> {
+        let started = Instant::now();
         let stdout = Capture::new(CAPTURED_OUTPUT_BYTES);
         let stderr = Capture::new(CAPTURED_OUTPUT_BYTES);
         let wasi = wasi_ctx(capabilities, &stdout, &stderr);
@@ -520,7 +521,7 @@ impl Sandbox {
             limiter: CallLimiter { memory: limits.memory, table_elements: limits.table_elements, hit: None },
             plugin,
             progress: None,
-            deadline: Instant::now() + QUERY_DEADLINE,
+            deadline: started + QUERY_DEADLINE,
             deadline_limit: QUERY_DEADLINE,
             fuel_limit: fuel.1,
             stdout,
@@ -541,7 +542,8 @@ impl Sandbox {
             }
         });
         let instantiated =
-            within(QUERY_DEADLINE + DEADLINE_GRACE, Box::pin(pre.instantiate_async(&mut store))).await;
+            within(started + QUERY_DEADLINE + DEADLINE_GRACE, Box::pin(pre.instantiate_async(&mut store)))
+                .await;
         let tool = match instantiated {
             Ok(Ok(tool)) => tool,
             Ok(Err(error)) => {
@@ -582,6 +584,12 @@ impl Sandbox {
         Ok(())
     }
 
+    /// When the timer around the next export call gives up: some time
+    /// after the deadline [`Sandbox::budget`] set, which the epoch enforces.
+    pub fn export_timer(&self) -> Instant {
+        export_timer(self.store.data().deadline)
+    }
+
     /// The fuel the last export call left unburnt.
     pub fn fuel_left(&self) -> u64 {
         self.store.get_fuel().unwrap_or(0)
@@ -618,30 +626,28 @@ impl Drop for Sandbox {
     }
 }
 
-/// The timer around one export call: its deadline plus [`DEADLINE_GRACE`]
-/// plus a tick, so that the epoch (which reports the limit more precisely)
-/// normally fires first.
-pub fn export_timer(deadline: Duration) -> Duration {
+/// When the timer around an export call whose deadline is `deadline` gives
+/// up: [`DEADLINE_GRACE`] plus a tick later, so that the epoch (which
+/// reports the limit more precisely) normally fires first.
+fn export_timer(deadline: Instant) -> Instant {
     deadline + DEADLINE_GRACE + EPOCH_TICK
 }
 
-/// `future`, given up `limit` after it started, like
-/// [`tokio::time::timeout`]; but the timer is set only if the first poll
-/// does not finish it.
+/// `future`, given up at `until`, like [`tokio::time::timeout_at`]; but the
+/// timer is set only if the first poll does not finish it.
 ///
 /// Most export calls finish within their first poll: guest code runs on a
 /// fiber until it returns, and only a wait in a host function (or an epoch
 /// yield) leaves it pending. Setting no timer for them spares the runtime's
 /// timer wheel a registration and, when the runtime is idle, a wake-up of
 /// the thread parked on its driver.
-pub async fn within<F: Future>(limit: Duration, future: F) -> Result<F::Output, tokio::time::error::Elapsed> {
-    let started = tokio::time::Instant::now();
+pub async fn within<F: Future>(until: Instant, future: F) -> Result<F::Output, tokio::time::error::Elapsed> {
     let mut future = std::pin::pin!(future);
     let first = std::future::poll_fn(|cx| Poll::Ready(future.as_mut().poll(cx))).await;
     match first {
         Poll::Ready(output) => Ok(output),
         // Boxed: a timer is large, and needed only here.
-        Poll::Pending => Box::pin(tokio::time::timeout_at(started + limit, future)).await,
+        Poll::Pending => Box::pin(tokio::time::timeout_at(until.into(), future)).await,
     }
 }
 
