@@ -213,7 +213,7 @@ impl HostBuilder {
             ledger: self.keep_ledger.then(|| Arc::new(tokio::sync::Mutex::new(self.ledger))),
             summarizer: self.summarizer.unwrap_or_else(|| Arc::new(DefaultSummarizer)),
         };
-        Ok(Host { runtime, pool: Arc::new(pool), workspace, warnings, reports, options })
+        Ok(Host { runtime, pool: Arc::new(pool), workspace, warnings, reports, options: Arc::new(options) })
     }
 }
 
@@ -313,7 +313,7 @@ pub struct Host {
     workspace: PathBuf,
     warnings: Vec<String>,
     reports: Vec<(String, LoadReport)>,
-    options: RunOptions,
+    options: Arc<RunOptions>,
 }
 
 impl Host {
@@ -438,7 +438,7 @@ impl Host {
 pub struct PlannedCall {
     prepared: Prepared,
     pool: Arc<ToolPool>,
-    options: RunOptions,
+    options: Arc<RunOptions>,
 }
 
 impl PlannedCall {

@@ -158,7 +158,7 @@ pub(crate) async fn run(
     pool: Arc<ToolPool>,
     uses: Cow<'_, [ToolUse]>,
     context: Value,
-    options: RunOptions,
+    options: Arc<RunOptions>,
     events: Events,
     interrupt: Interrupt,
 ) -> BatchOutcome {
