@@ -28,14 +28,30 @@ fn start(workspace: &Path, cache: &Path) -> Host {
     start_with(&guest("keel_tool_write_file"), workspace, cache, Limits::default())
 }
 
-/// The guest `name` copied into `dir`, once it is old enough for the cache's
-/// index to know it by its identity: a file that changed in the last 2 s is
-/// read and hashed on every start instead.
-fn settled_copy(name: &str, dir: &Path) -> PathBuf {
-    let path = dir.join(format!("{name}.wasm"));
-    std::fs::copy(guest(name), &path).unwrap();
-    std::thread::sleep(Duration::from_millis(2_100));
-    path
+/// A guest copied into a directory of its own, old enough for the cache's
+/// index to know it by its identity (a file that changed in the last 2 s is
+/// read and hashed on every start instead), with a workspace and a compile
+/// cache of its own.
+struct Settled {
+    _dir: tempfile::TempDir,
+    plugin: PathBuf,
+    workspace: tempfile::TempDir,
+    cache: tempfile::TempDir,
+}
+
+impl Settled {
+    fn new(name: &str) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let plugin = dir.path().join(format!("{name}.wasm"));
+        std::fs::copy(guest(name), &plugin).unwrap();
+        std::thread::sleep(Duration::from_millis(2_100));
+        let (workspace, cache) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        Settled { _dir: dir, plugin, workspace, cache }
+    }
+
+    fn start(&self, limits: Limits) -> Host {
+        start_with(&self.plugin, self.workspace.path(), self.cache.path(), limits)
+    }
 }
 
 fn answers_from_cache(host: &Host) -> bool {
@@ -69,62 +85,53 @@ fn a_second_start_loads_from_the_compile_cache() {
 
 #[test]
 fn a_warm_start_takes_the_load_time_answers_and_loads_the_code_at_the_first_call() {
-    let (plugins, workspace, cache) =
-        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let plugin = settled_copy("keel_tool_write_file", plugins.path());
-    let start = || start_with(&plugin, workspace.path(), cache.path(), Limits::default());
-    let first = start();
+    let settled = Settled::new("keel_tool_write_file");
+    let first = settled.start(Limits::default());
     assert!(!answers_from_cache(&first), "a cold cache asks the plugin");
-    let second = start();
+    let second = settled.start(Limits::default());
     assert!(answers_from_cache(&second), "a warm one does not");
     assert_eq!(spec_of(&second, "write_file"), spec_of(&first, "write_file"), "and knows the same tool");
 
     let result = write(&second, "out.txt");
     assert!(!result.is_error, "the code is loaded at the first call: {}", result.content);
-    assert_eq!(std::fs::read_to_string(workspace.path().join("out.txt")).unwrap(), "written");
+    assert_eq!(std::fs::read_to_string(settled.workspace.path().join("out.txt")).unwrap(), "written");
 }
 
 #[test]
 fn answers_that_fell_back_are_asked_again() {
-    let (plugins, workspace, cache) =
-        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     // Its `max-result-size` traps and `requires-user-interaction` spins.
-    let plugin = settled_copy("keel_guest_trap_load", plugins.path());
-    let start = || start_with(&plugin, workspace.path(), cache.path(), Limits::default());
-    assert!(!answers_from_cache(&start()));
-    assert!(!answers_from_cache(&start()), "a fallback may have been a passing fault: it is not kept");
+    let settled = Settled::new("keel_guest_trap_load");
+    assert!(!answers_from_cache(&settled.start(Limits::default())));
+    assert!(
+        !answers_from_cache(&settled.start(Limits::default())),
+        "a fallback may have been a passing fault: it is not kept"
+    );
 }
 
 #[test]
 fn answers_given_under_other_limits_are_not_reused() {
-    let (plugins, workspace, cache) =
-        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let plugin = settled_copy("keel_tool_write_file", plugins.path());
+    let settled = Settled::new("keel_tool_write_file");
     let smaller = Limits { memory: 64 << 20, ..Limits::default() };
-    let start = |limits| start_with(&plugin, workspace.path(), cache.path(), limits);
-    start(Limits::default());
-    assert!(!answers_from_cache(&start(smaller)), "a limit may change an answer, or make it trap");
-    assert!(answers_from_cache(&start(smaller)));
-    assert!(answers_from_cache(&start(Limits::default())), "the first answers are still kept");
+    settled.start(Limits::default());
+    assert!(!answers_from_cache(&settled.start(smaller)), "a limit may change an answer, or make it trap");
+    assert!(answers_from_cache(&settled.start(smaller)));
+    assert!(answers_from_cache(&settled.start(Limits::default())), "the first answers are still kept");
 }
 
 #[test]
 fn a_plugin_changed_after_a_warm_start_is_not_run_as_another() {
-    let (plugins, workspace, cache) =
-        (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-    let plugin = settled_copy("keel_tool_write_file", plugins.path());
-    let start = || start_with(&plugin, workspace.path(), cache.path(), Limits::default());
-    start();
-    let host = start();
+    let settled = Settled::new("keel_tool_write_file");
+    settled.start(Limits::default());
+    let host = settled.start(Limits::default());
     assert!(answers_from_cache(&host));
     // Its code is not loaded yet, and is no longer cached: the file must be read.
-    compiled(cache.path()).iter().for_each(|artifact| std::fs::remove_file(artifact).unwrap());
-    std::fs::write(&plugin, std::fs::read(guest("keel_tool_echo")).unwrap()).unwrap();
+    compiled(settled.cache.path()).iter().for_each(|artifact| std::fs::remove_file(artifact).unwrap());
+    std::fs::write(&settled.plugin, std::fs::read(guest("keel_tool_echo")).unwrap()).unwrap();
 
     let result = write(&host, "out.txt");
     assert!(result.is_error);
     assert!(result.content.contains("changed since keel loaded it"), "{}", result.content);
-    assert!(!workspace.path().join("out.txt").exists());
+    assert!(!settled.workspace.path().join("out.txt").exists());
 }
 
 #[test]
