@@ -379,6 +379,12 @@ impl Permissions {
         self
     }
 
+    /// Whether someone can be asked: a prompter was given. A run without
+    /// one is not interactive, and refuses the tools that need a person.
+    pub fn is_interactive(&self) -> bool {
+        self.prompter.is_some()
+    }
+
     /// The configuration the rules came from.
     pub fn config(&self) -> &PermissionsConfig {
         &self.config

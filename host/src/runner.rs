@@ -30,8 +30,10 @@ pub struct Prepared {
     invocation: Box<dyn Invocation>,
 }
 
-/// Plan one call: resolve it, check its input against the schema, and ask
-/// whether it is concurrency-safe. An `Err` is the call's result.
+/// Plan one call: resolve it, refuse it when its tool needs a person and the
+/// run has no one to ask (`requires-user-interaction`), check its input
+/// against the schema, and ask whether it is concurrency-safe. An `Err` is
+/// the call's result.
 pub async fn prepare(
     pool: &ToolPool,
     tool_use: &ToolUse,
@@ -42,6 +44,12 @@ pub async fn prepare(
         return Err(fail(unknown_tool(pool, &tool_use.name)));
     };
     let spec = entry.tool.spec();
+    if spec.requires_user_interaction && !pool.permissions().is_interactive() {
+        return Err(fail(format!(
+            "{} needs a person to interact with, and this run has no one to ask",
+            spec.name
+        )));
+    }
     let input = tool_use
         .input
         .as_ref()
