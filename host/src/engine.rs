@@ -315,6 +315,11 @@ fn start_epoch_ticker(engine: &Engine) {
 /// found only while the file still holds those bytes. A file changed within
 /// [`RACY_WINDOW`] is not indexed: it could change again within the same
 /// timestamp granule and keep its identity.
+///
+/// What a caller learnt of a component and wants a later start to know
+/// without loading it (a plugin's load-time answers) is kept in `answers/`,
+/// named by the content key, the engine fingerprint and a topic the caller
+/// chooses ([`Runtime::remember`]).
 struct CompileCache {
     dir: PathBuf,
     engine_key: String,
