@@ -150,3 +150,19 @@ fn a_corrupt_cache_entry_is_recompiled_and_replaced() {
     assert!(!write(&host, "out.txt").is_error);
     assert_ne!(std::fs::read(&entry).unwrap(), b"garbage", "and it was replaced");
 }
+
+#[test]
+fn concurrent_first_calls_of_a_plugin_whose_code_is_not_loaded_all_run() {
+    let settled = Settled::new("keel_tool_grep");
+    std::fs::write(settled.workspace.path().join("notes.txt"), "a needle\n").unwrap();
+    settled.start(Limits::default());
+    let host = settled.start(Limits::default());
+    assert!(answers_from_cache(&host));
+    let calls: Vec<ToolUse> =
+        (0..12).map(|i| ToolUse::new(format!("g{i}"), "grep", json!({ "pattern": "needle" }))).collect();
+    let (events, results, _) = crate::events_of(&host, calls);
+    assert!(crate::most_in_flight(&events) > 1, "the calls overlapped");
+    for result in &results {
+        assert!(!result.is_error && result.content.contains("notes.txt:1:a needle"), "{}", result.content);
+    }
+}
