@@ -318,7 +318,8 @@ pub struct Host {
 
 impl Host {
     /// Every budget decision made so far, to save with the transcript and
-    /// hand to [`HostBuilder::ledger`] when the session resumes.
+    /// hand to [`HostBuilder::ledger`] when the session resumes; empty for a
+    /// host built [`HostBuilder::without_ledger`].
     pub async fn ledger(&self) -> Ledger {
         match &self.options.ledger {
             Some(ledger) => ledger.lock().await.clone(),
