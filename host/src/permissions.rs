@@ -540,27 +540,11 @@ mod tests {
     use serde_json::json;
 
     use super::*;
-    use crate::tool::{InterruptBehavior, ResultSize, ToolOrigin};
 
     fn spec(name: &str, aliases: &[&str]) -> ToolSpec {
         ToolSpec {
-            name: name.into(),
             aliases: aliases.iter().map(|alias| alias.to_string()).collect(),
-            description: String::new(),
-            prompt: String::new(),
-            input_schema: json!({ "type": "object" }),
-            output_schema: None,
-            search_hint: None,
-            should_defer: false,
-            always_load: false,
-            strict: false,
-            interrupt: InterruptBehavior::Block,
-            user_facing_name: name.into(),
-            enabled: true,
-            max_result_size: ResultSize::Chars(50_000),
-            requires_user_interaction: false,
-            origin: ToolOrigin::BuiltIn,
-            trusted: true,
+            ..ToolSpec::native(name, "", json!({ "type": "object" }))
         }
     }
 

@@ -54,6 +54,37 @@ pub struct ToolSpec {
     pub trusted: bool,
 }
 
+impl ToolSpec {
+    /// The spec of a native tool (see [`HostBuilder::tool`]): its name, what
+    /// it does, the JSON Schema of its input, and for the rest what a plugin
+    /// that declares nothing gets: no aliases, prompt or search hint, listed
+    /// in full, interrupts wait for it (`block`), enabled, persisted past
+    /// 50,000 characters, no person needed. It is built in, so trusted.
+    ///
+    /// [`HostBuilder::tool`]: crate::HostBuilder::tool
+    pub fn native(name: &str, description: &str, input_schema: Value) -> Self {
+        ToolSpec {
+            name: name.into(),
+            aliases: Vec::new(),
+            description: description.into(),
+            prompt: String::new(),
+            input_schema,
+            output_schema: None,
+            search_hint: None,
+            should_defer: false,
+            always_load: false,
+            strict: false,
+            interrupt: InterruptBehavior::Block,
+            user_facing_name: name.into(),
+            enabled: true,
+            max_result_size: ResultSize::Chars(crate::plugin::DEFAULT_MAX_RESULT_SIZE_CHARS),
+            requires_user_interaction: false,
+            origin: ToolOrigin::BuiltIn,
+            trusted: true,
+        }
+    }
+}
+
 /// Where a tool comes from.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "snake_case", tag = "kind")]

@@ -17,7 +17,9 @@ mod soak;
 
 use std::path::{Path, PathBuf};
 
-use keel_host::{Event, Host, HostBuilder, ToolResult, ToolUse};
+use async_trait::async_trait;
+use keel_host::tool::{CallContext, CallError, CallOutput};
+use keel_host::{Event, Host, HostBuilder, Invocation, Tool, ToolResult, ToolSpec, ToolUse};
 use serde_json::Value;
 
 /// Where `build.rs` put the example tools and the test guests.
@@ -79,4 +81,48 @@ pub fn shared_cache() -> PathBuf {
 /// A multi-threaded runtime, as the CLI uses.
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(future)
+}
+
+/// A native tool of `spec` whose every call answers `answer`.
+pub struct Answering {
+    spec: ToolSpec,
+    answer: &'static str,
+}
+
+impl Answering {
+    /// The tool.
+    pub fn new(spec: ToolSpec, answer: &'static str) -> Self {
+        Answering { spec, answer }
+    }
+}
+
+struct AnsweringCall {
+    input: Value,
+    answer: &'static str,
+}
+
+#[async_trait]
+impl Tool for Answering {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError> {
+        Ok(Box::new(AnsweringCall { input, answer: self.answer }))
+    }
+}
+
+#[async_trait]
+impl Invocation for AnsweringCall {
+    fn input(&self) -> &Value {
+        &self.input
+    }
+
+    fn set_input(&mut self, input: Value) {
+        self.input = input;
+    }
+
+    async fn call(self: Box<Self>, _cx: CallContext) -> Result<CallOutput, CallError> {
+        Ok(CallOutput { content: self.answer.into(), context_modifier: None })
+    }
 }

@@ -8,11 +8,10 @@ use std::sync::{Arc, Mutex};
 use async_trait::async_trait;
 use keel_host::config::Config;
 use keel_host::permissions::{Approval, ApprovalRequest, Prompter};
-use keel_host::tool::{CallContext, CallError, CallOutput, InterruptBehavior, ResultSize, ToolOrigin};
-use keel_host::{Event, Host, HostBuilder, Invocation, Tool, ToolResult, ToolSpec, ToolUse};
+use keel_host::{Event, Host, HostBuilder, ToolResult, ToolSpec, ToolUse};
 use serde_json::{Value, json};
 
-use crate::{block_on, events_of, guest, shared_cache};
+use crate::{Answering, block_on, events_of, guest, shared_cache};
 
 /// A host over a fresh workspace with `probe` and `write_file`, configured
 /// by `keel_toml`.
@@ -395,53 +394,10 @@ fn a_call_interrupted_while_waiting_for_approval_never_starts() {
 }
 
 /// A native tool that needs a person at hand: it answers `"asked"`.
-struct AskUser;
-
-struct AskUserCall(Value);
-
-#[async_trait]
-impl Tool for AskUser {
-    fn spec(&self) -> &ToolSpec {
-        static SPEC: std::sync::OnceLock<ToolSpec> = std::sync::OnceLock::new();
-        SPEC.get_or_init(|| ToolSpec {
-            name: "ask_user".into(),
-            aliases: vec![],
-            description: "Test tool: asks the user a question.".into(),
-            prompt: String::new(),
-            input_schema: json!({ "type": "object" }),
-            output_schema: None,
-            search_hint: None,
-            should_defer: false,
-            always_load: false,
-            strict: false,
-            interrupt: InterruptBehavior::Block,
-            user_facing_name: "ask_user".into(),
-            enabled: true,
-            max_result_size: ResultSize::Chars(50_000),
-            requires_user_interaction: true,
-            origin: ToolOrigin::BuiltIn,
-            trusted: true,
-        })
-    }
-
-    async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError> {
-        Ok(Box::new(AskUserCall(input)))
-    }
-}
-
-#[async_trait]
-impl Invocation for AskUserCall {
-    fn input(&self) -> &Value {
-        &self.0
-    }
-
-    fn set_input(&mut self, input: Value) {
-        self.0 = input;
-    }
-
-    async fn call(self: Box<Self>, _cx: CallContext) -> Result<CallOutput, CallError> {
-        Ok(CallOutput { content: "asked".into(), context_modifier: None })
-    }
+fn ask_user() -> Arc<Answering> {
+    let spec =
+        ToolSpec::native("ask_user", "Test tool: asks the user a question.", json!({ "type": "object" }));
+    Arc::new(Answering::new(ToolSpec { requires_user_interaction: true, ..spec }, "asked"))
 }
 
 #[test]
@@ -449,10 +405,10 @@ fn a_tool_that_needs_a_person_is_refused_when_no_one_can_be_asked() {
     let (_workspace, builder) = host_with("");
     let call = [ToolUse::new("q", "ask_user", json!({}))];
     assert_eq!(
-        results(builder.tool(Arc::new(AskUser)), &call),
+        results(builder.tool(ask_user()), &call),
         [ToolResult::error("q", "ask_user needs a person to interact with, and this run has no one to ask")]
     );
     let (_workspace, builder) = host_with("");
-    let interactive = builder.tool(Arc::new(AskUser)).prompter(Arc::new(Reviewer::default()));
+    let interactive = builder.tool(ask_user()).prompter(Arc::new(Reviewer::default()));
     assert_eq!(results(interactive, &call), [ToolResult::ok("q", "asked")]);
 }

@@ -10,9 +10,7 @@ use keel_host::config::Config;
 use keel_host::definitions::{Format, definition, definitions, listing};
 use keel_host::permissions::{Mode, Permissions, PermissionsConfig, Rule};
 use keel_host::pool::{PoolOptions, ToolPool};
-use keel_host::tool::{
-    CallContext, CallError, CallOutput, InterruptBehavior, Invocation, ResultSize, Tool, ToolOrigin, ToolSpec,
-};
+use keel_host::tool::{CallContext, CallError, CallOutput, Invocation, Tool, ToolOrigin, ToolSpec};
 use keel_host::{Host, ToolResult, ToolUse};
 use serde_json::{Value, json};
 
@@ -53,24 +51,11 @@ impl Invocation for FakeCall {
 }
 
 fn spec(name: &str, origin: ToolOrigin) -> ToolSpec {
+    let schema = json!({ "type": "object", "properties": { "x": { "type": "string" } } });
     ToolSpec {
-        name: name.into(),
-        aliases: vec![],
-        description: format!("The {name} tool."),
-        prompt: String::new(),
-        input_schema: json!({ "type": "object", "properties": { "x": { "type": "string" } } }),
-        output_schema: None,
-        search_hint: None,
-        should_defer: false,
-        always_load: false,
-        strict: false,
-        interrupt: InterruptBehavior::Block,
-        user_facing_name: name.into(),
-        enabled: true,
-        max_result_size: ResultSize::Chars(50_000),
-        requires_user_interaction: false,
         trusted: origin == ToolOrigin::BuiltIn,
         origin,
+        ..ToolSpec::native(name, &format!("The {name} tool."), schema)
     }
 }
 

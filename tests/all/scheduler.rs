@@ -6,9 +6,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use keel_host::config::Config;
-use keel_host::tool::{
-    CallContext, CallError, CallOutput, InterruptBehavior, Invocation, ResultSize, Tool, ToolOrigin, ToolSpec,
-};
+use keel_host::tool::{CallContext, CallError, CallOutput, Invocation, Tool, ToolSpec};
 use keel_host::{Event, Host, ToolResult, ToolUse};
 use serde_json::{Value, json};
 
@@ -87,24 +85,10 @@ struct Marker;
 
 fn marker_spec() -> &'static ToolSpec {
     static SPEC: std::sync::OnceLock<ToolSpec> = std::sync::OnceLock::new();
-    SPEC.get_or_init(|| ToolSpec {
-        name: "marker".into(),
-        aliases: vec![],
-        description: "Test tool: sleeps, then marks the context.".into(),
-        prompt: String::new(),
-        input_schema: json!({ "type": "object", "properties": { "ms": { "type": "integer" } }, "required": ["ms"] }),
-        output_schema: None,
-        search_hint: None,
-        should_defer: false,
-        always_load: false,
-        strict: false,
-        interrupt: InterruptBehavior::Block,
-        user_facing_name: "marker".into(),
-        enabled: true,
-        max_result_size: ResultSize::Chars(50_000),
-        requires_user_interaction: false,
-        origin: ToolOrigin::BuiltIn,
-        trusted: true,
+    SPEC.get_or_init(|| {
+        let schema =
+            json!({ "type": "object", "properties": { "ms": { "type": "integer" } }, "required": ["ms"] });
+        ToolSpec::native("marker", "Test tool: sleeps, then marks the context.", schema)
     })
 }
 
