@@ -497,7 +497,7 @@ impl PlannedCall {
         )
         .await;
         let mut results = [result];
-        scheduler::per_message(&options, &mut results, &[threshold]).await;
+        options.per_message(&mut results, &[threshold]).await;
         let [result] = results;
         scheduler::emit(&events, Event::tool_result(&result));
         (result, modifier)

@@ -69,6 +69,17 @@ pub struct RunOptions {
     pub summarizer: Arc<dyn Summarizer>,
 }
 
+impl RunOptions {
+    /// The per-message budget over `results`, by the ledger, or with none
+    /// kept.
+    pub(crate) async fn per_message(&self, results: &mut [ToolResult], thresholds: &[Threshold]) {
+        match &self.ledger {
+            Some(ledger) => self.budget.per_message(results, thresholds, &mut *ledger.lock().await).await,
+            None => self.budget.per_message(results, thresholds, &mut Ledger::new()).await,
+        }
+    }
+}
+
 /// Interrupts a running batch: calls not started are not started, running
 /// `cancel` calls stop, `block` calls run to their end. Every call still gets
 /// exactly one result.
@@ -280,7 +291,7 @@ async fn finish(
 ) -> BatchOutcome {
     // What was streamed, to announce what the per-message budget replaces.
     let streamed = (!events.is_closed()).then(|| results.clone());
-    per_message(options, &mut results, thresholds).await;
+    options.per_message(&mut results, thresholds).await;
     for (sent, kept) in streamed.iter().flatten().zip(&results) {
         if sent.content != kept.content {
             let (tool_use_id, content) = (kept.tool_use_id.clone(), kept.content.clone());
@@ -617,15 +628,6 @@ impl State {
 /// Run one planned call (or pass on its planning failure), and hold its
 /// result to the per-tool budget: every call's step from its turn to its
 /// result, in a batch or on its own ([`crate::PlannedCall::run`]).
-/// The per-message budget over `results`, by the options' ledger, or with
-/// none kept.
-pub(crate) async fn per_message(options: &RunOptions, results: &mut [ToolResult], thresholds: &[Threshold]) {
-    match &options.ledger {
-        Some(ledger) => options.budget.per_message(results, thresholds, &mut *ledger.lock().await).await,
-        None => options.budget.per_message(results, thresholds, &mut Ledger::new()).await,
-    }
-}
-
 pub(crate) async fn run_call(
     pool: &ToolPool,
     call: Result<Prepared, ToolResult>,
