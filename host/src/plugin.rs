@@ -146,7 +146,10 @@ impl Shared {
             let compiled = runtime.compile_identified(path, identity, |bytes| check_header(path, bytes))?;
             link(runtime, path, &compiled.component)
         };
-        self.code.get_or_try_init(load).await.map_err(|error: Error| CallError::Host(error.to_string()))
+        // Boxed: needed once per plugin, it would otherwise swell the future
+        // of every sandbox made.
+        let loaded = Box::pin(self.code.get_or_try_init(load)).await;
+        loaded.map_err(|error: Error| CallError::Host(error.to_string()))
     }
 }
 
@@ -542,10 +545,12 @@ impl<'a> Questions<'a> {
             return Ok(sandbox);
         }
         let shared = self.shared;
+        // Before any fuel is reserved: a plugin whose code cannot be loaded
+        // burns none.
+        let pre = shared.pre().await?;
         let reserved = self.meter.reserve(Some(QUERY_FUEL))?;
         // Boxed: a future this large, kept inline, is copied whole into
         // every future that awaits it.
-        let pre = shared.pre().await?;
         let sandbox = Box::pin(Sandbox::new(
             pre,
             shared.name.clone(),
