@@ -156,7 +156,7 @@ impl Shared {
 /// The load-time answers of a plugin, as the compile cache keeps them:
 /// everything its tool spec is made of, bar what the host's configuration
 /// decides (the grant, trust).
-#[derive(Serialize, Deserialize)]
+#[derive(Clone, Serialize, Deserialize)]
 struct LoadAnswers {
     metadata: bindings::ToolMetadata,
     /// A digest of the environment the questions after `metadata` saw:
@@ -182,6 +182,56 @@ impl LoadAnswers {
             }
         }
         hasher.finalize().to_hex().to_string()
+    }
+
+    /// The tool spec of the plugin at `path` that gave these answers, under
+    /// `grant`; an error names what in them is not acceptable.
+    fn into_spec(self, path: &Path, grant: &PluginGrant) -> Result<ToolSpec> {
+        let LoadAnswers { metadata, enabled, max_result_size, requires_user_interaction, .. } = self;
+        let name_ok = !metadata.name.is_empty()
+            && metadata.name.len() <= 64
+            && metadata.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !name_ok {
+            return Err(Error::plugin(
+                path,
+                format!("tool name {:?} must be 1 to 64 letters, digits, `_` or `-`", metadata.name),
+            ));
+        }
+        let parse = |what: &str, text: &str| {
+            serde_json::from_str::<Value>(text).map_err(|error| {
+                Error::plugin(path, format!("{what} of `{}` is not valid JSON: {error}", metadata.name))
+            })
+        };
+        let input_schema = parse("the input schema", &metadata.input_schema)?;
+        let output_schema =
+            metadata.output_schema.as_deref().map(|text| parse("the output schema", text)).transpose()?;
+        let user_facing_name = if metadata.user_facing_name.is_empty() {
+            metadata.name.clone()
+        } else {
+            metadata.user_facing_name
+        };
+        Ok(ToolSpec {
+            name: metadata.name,
+            aliases: metadata.aliases,
+            description: metadata.description,
+            prompt: metadata.prompt,
+            input_schema,
+            output_schema,
+            search_hint: metadata.search_hint,
+            should_defer: metadata.should_defer,
+            always_load: metadata.always_load,
+            strict: metadata.strict,
+            interrupt: match metadata.interrupt_behavior {
+                bindings::InterruptBehavior::Cancel => InterruptBehavior::Cancel,
+                bindings::InterruptBehavior::Block => InterruptBehavior::Block,
+            },
+            user_facing_name,
+            enabled,
+            max_result_size: max_result_size.map_or(ResultSize::SelfBounded, ResultSize::Chars),
+            requires_user_interaction,
+            origin: ToolOrigin::Plugin { path: path.to_path_buf() },
+            trusted: grant.trusted,
+        })
     }
 }
 
@@ -271,10 +321,7 @@ impl PluginTool {
         // Failures below are the load's to report, in its words.
         let mounts = Mounts::open(&grant).ok()?;
         let name: Arc<str> = answers.metadata.name.as_str().into();
-        let LoadAnswers { metadata, enabled, max_result_size, requires_user_interaction, .. } = answers;
-        let mut spec =
-            spec_from_metadata(path, metadata, enabled, max_result_size, requires_user_interaction).ok()?;
-        spec.trusted = grant.trusted;
+        let spec = answers.into_spec(path, &grant).ok()?;
         let size = identity.size;
         let deferred = Deferred { runtime: runtime.clone(), path: path.to_path_buf(), identity };
         let shared = Shared {
@@ -394,67 +441,15 @@ async fn read_spec(
             guest.call_requires_user_interaction(store)
         });
     let grant = &questions.shared.grant;
-    let answers = (!fell_back).then(|| LoadAnswers {
-        metadata: metadata.clone(),
+    let answers = LoadAnswers {
+        metadata,
         env: LoadAnswers::env_digest(&grant.env),
         enabled,
         max_result_size,
         requires_user_interaction,
-    });
-    let trusted = grant.trusted;
-    let mut spec = spec_from_metadata(path, metadata, enabled, max_result_size, requires_user_interaction)?;
-    spec.trusted = trusted;
-    Ok((spec, answers))
-}
-
-fn spec_from_metadata(
-    path: &Path,
-    metadata: bindings::ToolMetadata,
-    enabled: bool,
-    max_result_size: Option<u64>,
-    requires_user_interaction: bool,
-) -> Result<ToolSpec> {
-    let name_ok = !metadata.name.is_empty()
-        && metadata.name.len() <= 64
-        && metadata.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-    if !name_ok {
-        return Err(Error::plugin(
-            path,
-            format!("tool name {:?} must be 1 to 64 letters, digits, `_` or `-`", metadata.name),
-        ));
-    }
-    let parse = |what: &str, text: &str| {
-        serde_json::from_str::<Value>(text).map_err(|error| {
-            Error::plugin(path, format!("{what} of `{}` is not valid JSON: {error}", metadata.name))
-        })
     };
-    let input_schema = parse("the input schema", &metadata.input_schema)?;
-    let output_schema =
-        metadata.output_schema.as_deref().map(|text| parse("the output schema", text)).transpose()?;
-    let user_facing_name =
-        if metadata.user_facing_name.is_empty() { metadata.name.clone() } else { metadata.user_facing_name };
-    Ok(ToolSpec {
-        name: metadata.name,
-        aliases: metadata.aliases,
-        description: metadata.description,
-        prompt: metadata.prompt,
-        input_schema,
-        output_schema,
-        search_hint: metadata.search_hint,
-        should_defer: metadata.should_defer,
-        always_load: metadata.always_load,
-        strict: metadata.strict,
-        interrupt: match metadata.interrupt_behavior {
-            bindings::InterruptBehavior::Cancel => InterruptBehavior::Cancel,
-            bindings::InterruptBehavior::Block => InterruptBehavior::Block,
-        },
-        user_facing_name,
-        enabled,
-        max_result_size: max_result_size.map_or(ResultSize::SelfBounded, ResultSize::Chars),
-        requires_user_interaction,
-        origin: ToolOrigin::Plugin { path: path.to_path_buf() },
-        trusted: false,
-    })
+    let kept = (!fell_back).then(|| answers.clone());
+    Ok((answers.into_spec(path, grant)?, kept))
 }
 
 /// Where one invocation's fuel comes from: its own per-call budget, which
