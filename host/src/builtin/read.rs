@@ -13,7 +13,7 @@ use serde_json::{Value, json};
 use crate::grants::PluginGrant;
 use crate::sandbox::WORKSPACE_MOUNT;
 use crate::tool::{
-    CallContext, CallError, CallOutput, InterruptBehavior, Invocation, ResultSize, Tool, ToolOrigin, ToolSpec,
+    CallContext, CallError, CallOutput, InterruptBehavior, Invocation, ResultSize, Tool, ToolSpec,
 };
 
 /// Lines returned when the input sets no `limit`.
@@ -70,48 +70,36 @@ impl Read {
     }
 
     fn with_mounts(dirs: Vec<(PathBuf, Dir)>) -> Self {
-        let spec = ToolSpec {
-            name: "Read".into(),
-            aliases: vec![],
-            description: "Reads a text file of the workspace and returns its lines numbered like \
+        let description = "Reads a text file of the workspace and returns its lines numbered like \
                 `cat -n`. Reads up to 2000 lines from the start by default; use `offset` and \
-                `limit` to read a long file in parts."
-                .into(),
-            prompt: String::new(),
-            input_schema: json!({
-                "$schema": "https://json-schema.org/draft/2020-12/schema",
-                "type": "object",
-                "properties": {
-                    "file_path": {
-                        "type": "string",
-                        "description": "Path of the file, relative to the working directory or absolute under /workspace."
-                    },
-                    "offset": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "description": "Line number to start at (1-based). Default: 1."
-                    },
-                    "limit": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "description": "Number of lines to read. Default: 2000."
-                    }
+                `limit` to read a long file in parts.";
+        let input_schema = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "properties": {
+                "file_path": {
+                    "type": "string",
+                    "description": "Path of the file, relative to the working directory or absolute under /workspace."
                 },
-                "required": ["file_path"],
-                "additionalProperties": false
-            }),
-            output_schema: None,
+                "offset": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Line number to start at (1-based). Default: 1."
+                },
+                "limit": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "description": "Number of lines to read. Default: 2000."
+                }
+            },
+            "required": ["file_path"],
+            "additionalProperties": false
+        });
+        let spec = ToolSpec {
             search_hint: Some("read a text file with line numbers".into()),
-            should_defer: false,
-            always_load: false,
-            strict: false,
             interrupt: InterruptBehavior::Cancel,
-            user_facing_name: "Read".into(),
-            enabled: true,
             max_result_size: ResultSize::SelfBounded,
-            requires_user_interaction: false,
-            origin: ToolOrigin::BuiltIn,
-            trusted: true,
+            ..ToolSpec::native("Read", description, input_schema)
         };
         Read { spec, mounts: Arc::new(Mounts { dirs }) }
     }

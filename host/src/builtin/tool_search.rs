@@ -15,9 +15,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::definitions::{Format, definition};
-use crate::tool::{
-    CallContext, CallError, CallOutput, InterruptBehavior, Invocation, ResultSize, Tool, ToolOrigin, ToolSpec,
-};
+use crate::tool::{CallContext, CallError, CallOutput, InterruptBehavior, Invocation, Tool, ToolSpec};
 
 /// The name of the tool.
 pub const TOOL_SEARCH: &str = "ToolSearch";
@@ -66,47 +64,37 @@ impl ToolSearch {
             })
             .collect();
         let names: Vec<&str> = catalog.iter().map(|tool| tool.name.as_str()).collect();
-        let spec = ToolSpec {
-            name: TOOL_SEARCH.into(),
-            aliases: vec![],
-            description: format!(
-                "Finds tools that are available but not loaded yet, and returns their full definitions. \
+        let description = format!(
+            "Finds tools that are available but not loaded yet, and returns their full definitions. \
                  Search with a few keywords of what you need, or with a tool's exact name, and read a \
                  tool's definition before calling it. Tools available through this search: {}.",
-                names.join(", ")
-            ),
-            prompt: String::new(),
-            input_schema: json!({
-                "$schema": "https://json-schema.org/draft/2020-12/schema",
-                "type": "object",
-                "properties": {
-                    "query": {
-                        "type": "string",
-                        "minLength": 1,
-                        "description": "Keywords of the capability you need, or a tool's exact name."
-                    },
-                    "max_results": {
-                        "type": "integer",
-                        "minimum": 1,
-                        "maximum": MAX_RESULTS,
-                        "description": format!("Definitions to return at most. Default: {DEFAULT_MAX_RESULTS}.")
-                    }
+            names.join(", ")
+        );
+        let input_schema = json!({
+            "$schema": "https://json-schema.org/draft/2020-12/schema",
+            "type": "object",
+            "properties": {
+                "query": {
+                    "type": "string",
+                    "minLength": 1,
+                    "description": "Keywords of the capability you need, or a tool's exact name."
                 },
-                "required": ["query"],
-                "additionalProperties": false
-            }),
-            output_schema: None,
+                "max_results": {
+                    "type": "integer",
+                    "minimum": 1,
+                    "maximum": MAX_RESULTS,
+                    "description": format!("Definitions to return at most. Default: {DEFAULT_MAX_RESULTS}.")
+                }
+            },
+            "required": ["query"],
+            "additionalProperties": false
+        });
+        let spec = ToolSpec {
             search_hint: Some("find and load deferred tools".into()),
-            should_defer: false,
             always_load: true,
-            strict: false,
             interrupt: InterruptBehavior::Cancel,
             user_facing_name: "Tool search".into(),
-            enabled: true,
-            max_result_size: ResultSize::Chars(crate::plugin::DEFAULT_MAX_RESULT_SIZE_CHARS),
-            requires_user_interaction: false,
-            origin: ToolOrigin::BuiltIn,
-            trusted: true,
+            ..ToolSpec::native(TOOL_SEARCH, &description, input_schema)
         };
         ToolSearch { spec, catalog: Arc::new(catalog) }
     }
