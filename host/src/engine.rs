@@ -631,19 +631,24 @@ mod tests {
     }
 
     /// Long enough for a file's timestamps to move past their granule: a
-    /// file written this long ago may be indexed by [`indexing_runtime`].
+    /// file written this long ago may be indexed by [`index_test`]'s runtime.
     const SETTLE: Duration = Duration::from_millis(100);
 
-    /// A runtime whose cache indexes files changed at least `racy_window` ago.
-    fn runtime_indexing_after(cache: &Path, racy_window: Duration) -> Runtime {
-        let mut runtime = Runtime::new(&Limits::default(), Some(cache.to_path_buf())).unwrap();
-        runtime.cache.as_mut().unwrap().racy_window = racy_window;
-        runtime
+    /// A compile cache, a runtime over it whose index takes files changed at
+    /// least `racy_window` ago, and where a test writes its plugin.
+    struct IndexTest {
+        cache: tempfile::TempDir,
+        _plugins: tempfile::TempDir,
+        runtime: Runtime,
+        path: PathBuf,
     }
 
-    /// A runtime whose cache indexes files changed at least [`SETTLE`] ago.
-    fn indexing_runtime(cache: &Path) -> Runtime {
-        runtime_indexing_after(cache, SETTLE)
+    fn index_test(racy_window: Duration) -> IndexTest {
+        let (cache, plugins) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        let mut runtime = Runtime::new(&Limits::default(), Some(cache.path().to_path_buf())).unwrap();
+        runtime.cache.as_mut().unwrap().racy_window = racy_window;
+        let path = plugins.path().join("plugin.wasm");
+        IndexTest { cache, _plugins: plugins, runtime, path }
     }
 
     /// Write `bytes` to `path`, then wait until the file may be indexed.
@@ -679,9 +684,7 @@ mod tests {
 
     #[test]
     fn an_unchanged_file_is_loaded_from_the_index_without_being_read() {
-        let (cache, plugins) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let runtime = indexing_runtime(cache.path());
-        let path = plugins.path().join("plugin.wasm");
+        let IndexTest { cache: _cache, _plugins, runtime, path } = index_test(SETTLE);
         write_settled(&path, &component(1));
 
         let (first, read) = load(&runtime, &path);
@@ -695,9 +698,7 @@ mod tests {
 
     #[test]
     fn a_file_rewritten_with_other_bytes_of_the_same_size_is_read_again() {
-        let (cache, plugins) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let runtime = indexing_runtime(cache.path());
-        let path = plugins.path().join("plugin.wasm");
+        let IndexTest { cache, _plugins, runtime, path } = index_test(SETTLE);
         assert_eq!(component(1).len(), component(2).len());
         write_settled(&path, &component(1));
         load(&runtime, &path);
@@ -716,10 +717,8 @@ mod tests {
 
     #[test]
     fn a_file_changed_moments_ago_is_not_indexed() {
-        let (cache, plugins) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
         // However slow the machine, the file is younger than an hour.
-        let runtime = runtime_indexing_after(cache.path(), Duration::from_secs(3600));
-        let path = plugins.path().join("plugin.wasm");
+        let IndexTest { cache, _plugins, runtime, path } = index_test(Duration::from_secs(3600));
         std::fs::write(&path, component(1)).unwrap();
         load(&runtime, &path);
 
@@ -731,9 +730,7 @@ mod tests {
 
     #[test]
     fn a_corrupt_or_truncated_index_entry_is_a_miss() {
-        let (cache, plugins) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let runtime = indexing_runtime(cache.path());
-        let path = plugins.path().join("plugin.wasm");
+        let IndexTest { cache, _plugins, runtime, path } = index_test(SETTLE);
         write_settled(&path, &component(1));
         load(&runtime, &path);
         let [(entry, key)] = <[_; 1]>::try_from(index_entries(cache.path())).unwrap();
@@ -749,9 +746,7 @@ mod tests {
 
     #[test]
     fn an_index_entry_whose_code_is_gone_is_a_miss() {
-        let (cache, plugins) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
-        let runtime = indexing_runtime(cache.path());
-        let path = plugins.path().join("plugin.wasm");
+        let IndexTest { cache: _cache, _plugins, runtime, path } = index_test(SETTLE);
         write_settled(&path, &component(1));
         load(&runtime, &path);
         let artifact = runtime.cache.as_ref().unwrap().artifact(&blake3::hash(&component(1)).to_hex());
