@@ -83,37 +83,27 @@ pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(future)
 }
 
-/// A native tool of `spec` whose every call answers `answer`.
-pub struct Answering {
-    spec: ToolSpec,
-    answer: &'static str,
-}
-
-impl Answering {
-    /// The tool.
-    pub fn new(spec: ToolSpec, answer: &'static str) -> Self {
-        Answering { spec, answer }
-    }
-}
-
-struct AnsweringCall {
-    input: Value,
-    answer: &'static str,
-}
+/// A native tool that only has a spec; its calls answer `ran <name>`.
+pub struct Fake(pub ToolSpec);
 
 #[async_trait]
-impl Tool for Answering {
+impl Tool for Fake {
     fn spec(&self) -> &ToolSpec {
-        &self.spec
+        &self.0
     }
 
     async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError> {
-        Ok(Box::new(AnsweringCall { input, answer: self.answer }))
+        Ok(Box::new(FakeCall { name: self.0.name.clone(), input }))
     }
 }
 
+struct FakeCall {
+    name: String,
+    input: Value,
+}
+
 #[async_trait]
-impl Invocation for AnsweringCall {
+impl Invocation for FakeCall {
     fn input(&self) -> &Value {
         &self.input
     }
@@ -123,6 +113,6 @@ impl Invocation for AnsweringCall {
     }
 
     async fn call(self: Box<Self>, _cx: CallContext) -> Result<CallOutput, CallError> {
-        Ok(CallOutput { content: self.answer.into(), context_modifier: None })
+        Ok(CallOutput { content: format!("ran {}", self.name), context_modifier: None })
     }
 }

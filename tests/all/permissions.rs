@@ -11,7 +11,7 @@ use keel_host::permissions::{Approval, ApprovalRequest, Prompter};
 use keel_host::{Event, Host, HostBuilder, ToolResult, ToolSpec, ToolUse};
 use serde_json::{Value, json};
 
-use crate::{Answering, block_on, events_of, guest, shared_cache};
+use crate::{Fake, block_on, events_of, guest, shared_cache};
 
 /// A host over a fresh workspace with `probe` and `write_file`, configured
 /// by `keel_toml`.
@@ -393,11 +393,11 @@ fn a_call_interrupted_while_waiting_for_approval_never_starts() {
     assert_eq!(walk(workspace.path()), [] as [String; 0]);
 }
 
-/// A native tool that needs a person at hand: it answers `"asked"`.
-fn ask_user() -> Arc<Answering> {
+/// A native tool that needs a person at hand.
+fn ask_user() -> Arc<Fake> {
     let spec =
         ToolSpec::native("ask_user", "Test tool: asks the user a question.", json!({ "type": "object" }));
-    Arc::new(Answering::new(ToolSpec { requires_user_interaction: true, ..spec }, "asked"))
+    Arc::new(Fake(ToolSpec { requires_user_interaction: true, ..spec }))
 }
 
 #[test]
@@ -410,5 +410,5 @@ fn a_tool_that_needs_a_person_is_refused_when_no_one_can_be_asked() {
     );
     let (_workspace, builder) = host_with("");
     let interactive = builder.tool(ask_user()).prompter(Arc::new(Reviewer::default()));
-    assert_eq!(results(interactive, &call), [ToolResult::ok("q", "asked")]);
+    assert_eq!(results(interactive, &call), [ToolResult::ok("q", "ran ask_user")]);
 }

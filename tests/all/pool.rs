@@ -5,50 +5,15 @@
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use async_trait::async_trait;
 use keel_host::config::Config;
 use keel_host::definitions::{Format, definition, definitions, listing};
 use keel_host::permissions::{Mode, Permissions, PermissionsConfig, Rule};
 use keel_host::pool::{PoolOptions, ToolPool};
-use keel_host::tool::{CallContext, CallError, CallOutput, Invocation, Tool, ToolOrigin, ToolSpec};
+use keel_host::tool::{Tool, ToolOrigin, ToolSpec};
 use keel_host::{Host, ToolResult, ToolUse};
 use serde_json::{Value, json};
 
-use crate::{block_on, guest, shared_cache};
-
-/// A tool that only has a spec; its calls answer `ran <name>`.
-struct Fake(ToolSpec);
-
-#[async_trait]
-impl Tool for Fake {
-    fn spec(&self) -> &ToolSpec {
-        &self.0
-    }
-
-    async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError> {
-        Ok(Box::new(FakeCall { name: self.0.name.clone(), input }))
-    }
-}
-
-struct FakeCall {
-    name: String,
-    input: Value,
-}
-
-#[async_trait]
-impl Invocation for FakeCall {
-    fn input(&self) -> &Value {
-        &self.input
-    }
-
-    fn set_input(&mut self, input: Value) {
-        self.input = input;
-    }
-
-    async fn call(self: Box<Self>, _cx: CallContext) -> Result<CallOutput, CallError> {
-        Ok(CallOutput { content: format!("ran {}", self.name), context_modifier: None })
-    }
-}
+use crate::{Fake, block_on, guest, shared_cache};
 
 fn spec(name: &str, origin: ToolOrigin) -> ToolSpec {
     let schema = json!({ "type": "object", "properties": { "x": { "type": "string" } } });
