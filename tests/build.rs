@@ -1,7 +1,7 @@
 //! Builds every guest the integration tests load, the example tools and the
 //! hostile test guests, into one directory named by `KEEL_TEST_GUESTS_DIR`.
 
-#[path = "../host/build/guests.rs"]
+#[path = "../host/cli/build/guests.rs"]
 mod guests;
 
 /// The hostile and probing guests the tests load beside the example tools,

@@ -5,8 +5,8 @@
 
 use std::path::Path;
 
+use keel_cli::fixture::{self, Case};
 use keel_host::Host;
-use keel_host::fixture::{self, Case};
 use libtest_mimic::{Arguments, Failed, Trial};
 
 fn main() {

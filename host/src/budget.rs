@@ -1,4 +1,4 @@
-//! Result budgets (DESIGN.md §4): no single result, and no message of
+//! Result budgets (README, "Result budgets"): no single result, and no message of
 //! results, grows past what a model's context can afford.
 //!
 //! | tier | limit | past it |
@@ -8,7 +8,7 @@
 //! | per message | 200,000 chars over all results of one message | the largest results are persisted one at a time until it fits |
 //!
 //! **Units.** A *char* is a Unicode scalar value (`str::chars`), what the
-//! per-tool and per-message limits count. The absolute cap is the seed's
+//! per-tool and per-message limits count. The absolute cap is that of the runtime keel follows:
 //! 100,000 tokens at a conservative 4 bytes each, and stays in bytes: it is
 //! checked on the UTF-8 length, beside the char limit. A char is 1 to 4
 //! bytes, so a result within the default 50,000 chars is at most 200,000
@@ -24,7 +24,7 @@
 //!
 //! ```no_run
 //! use keel_host::budget::{Budget, BudgetConfig};
-//! use keel_host::ledger::Ledger;
+//! use keel_host::budget::ledger::Ledger;
 //! # async fn run(spec: &keel_host::ToolSpec, result: keel_host::ToolResult) {
 //! let budget = Budget::new(&BudgetConfig::default(), "/path/to/session");
 //! let threshold = budget.threshold(spec);
@@ -39,6 +39,7 @@
 //! same bytes; [`Budget::shown_root`] prefixes it when the model needs a path
 //! it can open.
 
+pub mod ledger;
 mod persist;
 
 use std::collections::BTreeMap;
@@ -53,8 +54,8 @@ pub use self::persist::{
     preview,
 };
 use crate::batch::ToolResult;
-use crate::ledger::{Decision, Ledger};
-pub use crate::plugin::DEFAULT_MAX_RESULT_SIZE_CHARS;
+use crate::budget::ledger::{Decision, Ledger};
+pub use crate::contract::DEFAULT_MAX_RESULT_SIZE_CHARS;
 use crate::pool::ToolPool;
 use crate::tool::{ResultSize, ToolSpec};
 
@@ -435,7 +436,7 @@ mod tests {
     fn read() -> ToolSpec {
         let dir = tempfile::tempdir().unwrap();
         let dir = cap_std::fs::Dir::open_ambient_dir(dir.path(), cap_std::ambient_authority()).unwrap();
-        crate::tool::Tool::spec(&crate::builtin::Read::new(dir)).clone()
+        crate::tool::Tool::spec(&crate::pool::builtin::Read::new(dir)).clone()
     }
 
     fn plugin(name: &str, size: ResultSize, trusted: bool) -> ToolSpec {

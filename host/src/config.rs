@@ -25,8 +25,8 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::error::{Error, Result};
-pub use crate::grants::PluginsConfig;
 use crate::limits::Limits;
+pub use crate::load::grants::PluginsConfig;
 
 /// The file name looked for in the working directory.
 pub const FILE_NAME: &str = "keel.toml";

@@ -1,10 +1,12 @@
-//! What a batch run reports as it goes.
+//! What a batch run reports as it goes, and the label it gets once it
+//! finished ([`summary`]).
+
+pub mod summary;
 
 use serde::Serialize;
 use serde_json::Value;
 
 use crate::batch::ToolResult;
-use crate::partition::Group;
 
 /// One event of a batch run. Serialized as one JSON object with a `type`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -87,13 +89,6 @@ pub struct PlannedGroup {
     pub concurrent: bool,
     /// Its calls.
     pub tool_use_ids: Vec<String>,
-}
-
-impl PlannedGroup {
-    /// The group `group` of a batch whose ids are `ids`.
-    pub fn new(group: &Group, ids: &[String]) -> Self {
-        PlannedGroup { concurrent: group.concurrent, tool_use_ids: ids[group.calls.clone()].to_vec() }
-    }
 }
 
 impl Event {

@@ -6,24 +6,24 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
 
-use crate::batch::{ToolResult, ToolUse};
+use crate::batch::ToolUse;
 use crate::budget::Budget;
-use crate::builtin;
+use crate::budget::ledger::Ledger;
 use crate::config::Config;
-use crate::context;
-use crate::engine::{Runtime, default_cache_dir};
 use crate::error::{Error, Result};
 use crate::events::Event;
-use crate::grants::Grants;
-use crate::ledger::Ledger;
-use crate::limits::BatchFuel;
+use crate::events::summary::{DefaultSummarizer, Summarizer};
 use crate::limits::Limits;
+use crate::load::engine::{Runtime, default_cache_dir};
+use crate::load::grants::Grants;
+use crate::load::plugin::{LoadReport, PluginTool, plugin_files};
 use crate::permissions::{Permissions, Prompter};
-use crate::plugin::{LoadReport, PluginTool, plugin_files};
+use crate::pool::builtin;
 use crate::pool::{PoolOptions, ToolPool};
-use crate::runner::{self, Prepared};
-use crate::scheduler::{self, BatchOutcome, Events, Interrupt, RunOptions};
-use crate::summary::{DefaultSummarizer, Summarizer};
+use crate::run::context;
+use crate::run::interrupt::Interrupt;
+use crate::run::scheduler::{self, BatchOutcome, Events, RunOptions};
+use crate::run::stream::CallStream;
 use crate::tool::Tool;
 
 /// Where a session's persisted results go by default, inside the workspace.
@@ -153,7 +153,7 @@ impl HostBuilder {
             workspace.canonicalize().map_err(|error| Error::io("open workspace", &workspace, error))?;
         let limits = self.config.limits.apply(self.limits);
         // Meanwhile, on another core, what the first schema compiled needs.
-        let meta_schemas = tokio::task::spawn_blocking(crate::schema::prepare_meta_schemas);
+        let meta_schemas = tokio::task::spawn_blocking(crate::pool::schema::prepare_meta_schemas);
         let runtime = Arc::new(Runtime::new(&limits, self.cache_dir)?);
         let grants = Grants::from_config(&self.config.plugins, &workspace)?;
 
@@ -209,6 +209,7 @@ impl HostBuilder {
         let options = RunOptions {
             cap: scheduler::max_tool_use_concurrency(self.config.max_tool_use_concurrency),
             batch_fuel: Some(limits.batch_fuel),
+            max_input: limits.input,
             budget,
             ledger: self.keep_ledger.then(|| Arc::new(tokio::sync::Mutex::new(self.ledger))),
             summarizer: self.summarizer.unwrap_or_else(|| Arc::new(DefaultSummarizer)),
@@ -417,90 +418,13 @@ impl Host {
         }
     }
 
-    /// Plan one call on its own, as a batch plans each of its calls: resolve
-    /// the tool, check the input against its schema, and ask whether the call
-    /// is concurrency-safe. An `Err` is the call's result.
-    ///
-    /// For an embedder that admits calls one by one as they arrive instead of
-    /// a batch at a time (`keel serve` does, for concurrent MCP requests): it
-    /// keeps the partition itself, running a call that
-    /// [is concurrency-safe](PlannedCall::is_concurrency_safe) beside other
-    /// such calls, at most [`Self::max_tool_use_concurrency`] at once, and any
-    /// other call alone. The call is a batch of one: the batch fuel allowance
-    /// is its own.
-    pub async fn plan_call(&self, tool_use: &ToolUse) -> Result<PlannedCall, ToolResult> {
-        let fuel = self.options.batch_fuel.map(BatchFuel::new);
-        let prepared = runner::prepare(&self.pool, tool_use, fuel.as_ref()).await?;
-        Ok(PlannedCall { prepared, pool: self.pool.clone(), options: self.options.clone() })
-    }
-}
-
-/// One call planned by [`Host::plan_call`], waiting for its turn.
-pub struct PlannedCall {
-    prepared: Prepared,
-    pool: Arc<ToolPool>,
-    options: Arc<RunOptions>,
-}
-
-impl PlannedCall {
-    /// The id of its `tool_use`.
-    pub fn id(&self) -> &str {
-        &self.prepared.id
-    }
-
-    /// The tool's name (the real one, when the call used an alias).
-    pub fn tool(&self) -> &str {
-        &self.prepared.name
-    }
-
-    /// Whether it may run beside other concurrency-safe calls: its input
-    /// passed the schema and `plan` said so without trapping.
-    pub fn is_concurrency_safe(&self) -> bool {
-        self.prepared.concurrency_safe
-    }
-
-    /// Release the sandbox the call holds while it waits, keeping the
-    /// answers it gave; it gets a fresh one at its turn.
-    pub fn park(&mut self) {
-        self.prepared.park();
-    }
-
-    /// Run the call from `context` the way a batch runs each call: the
-    /// tool's own `check` (validation, then its permission decision), then the host's
-    /// permission rules, then the call in its sandbox, then the result
-    /// budgets, with the result as a message of its own. `events`, when
-    /// given, gets `call_started`, each `progress` the moment the tool
-    /// reports it, `call_finished` and `tool_result`; with no reader, the tool
-    /// is not asked for its activity. An interrupt stops a call whose
-    /// tool's interrupt behaviour is `cancel`; a `block` call runs to its end;
-    /// a call interrupted before it started never starts.
-    ///
-    /// Returns the result and the call's context modifier, which the caller
-    /// applies to the context later calls see.
-    pub async fn run(
-        self,
-        context: Value,
-        events: Option<Arc<dyn Fn(Event) + Send + Sync>>,
-        interrupt: &Interrupt,
-    ) -> (ToolResult, Option<Value>) {
-        let PlannedCall { prepared, pool, options } = self;
-        let events = events.map_or(Events::Nobody, Events::Sink);
-        let threshold = options.budget.threshold_in(&pool, &prepared.name);
-        let (result, modifier) = scheduler::run_call(
-            &pool,
-            Ok(prepared),
-            Arc::new(context),
-            &options.budget,
-            threshold,
-            &events,
-            interrupt,
-        )
-        .await;
-        let mut results = [result];
-        options.per_message(&mut results, &[threshold]).await;
-        let [result] = results;
-        scheduler::emit(&events, Event::tool_result(&result));
-        (result, modifier)
+    /// A stream of calls that arrive one at a time, as an MCP server's
+    /// concurrent requests do, starting from `context` (see
+    /// [`context::initial`]): each call is planned, admitted and run by the
+    /// rules of a batch, in arrival order, and answered on its own. See
+    /// [`CallStream`].
+    pub fn stream(&self, context: Value) -> CallStream {
+        CallStream::new(self.pool.clone(), self.options.clone(), context)
     }
 }
 

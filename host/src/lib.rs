@@ -22,43 +22,36 @@
 //! # }
 //! ```
 //!
-//! The path of a call: [`plugin`] loading → [`pool`] → validation and
-//! [`permissions`] ([`runner`]) → a [`sandbox`] with [`limits`] → results
-//! ([`batch`]).
+//! The path of a call, room by room (see `ARCHITECTURE.md`): [`load`]ing
+//! (engine, compile cache, sandbox, grants) → the [`pool`] (schemas,
+//! definitions, built-ins) → [`permissions`] → the run (partition,
+//! scheduler, one call, interrupt) → [`budget`]s (persisted results, the
+//! [`ledger`](budget::ledger)) → [`events`].
 #![deny(missing_docs)]
 
 pub mod batch;
-pub mod bench;
-mod bindings;
 pub mod budget;
-pub mod builtin;
 pub mod config;
-pub mod context;
-pub mod definitions;
-pub mod engine;
+pub mod contract;
 pub mod error;
 pub mod events;
-pub mod fixture;
-pub mod grants;
+pub mod fs;
 mod host;
-pub mod ledger;
 pub mod limits;
-pub mod partition;
+pub mod load;
 pub mod permissions;
-pub mod plugin;
 pub mod pool;
-pub mod runner;
-pub mod sandbox;
-pub mod scheduler;
-pub mod schema;
-pub mod summary;
+mod run;
 pub mod tool;
 
 pub use batch::{ToolResult, ToolUse};
-pub use bindings::CONTRACT_VERSION;
+pub use contract::CONTRACT_VERSION;
 pub use error::{Error, Result};
 pub use events::Event;
-pub use host::{BatchRun, Host, HostBuilder, PlannedCall};
+pub use host::{BatchRun, Host, HostBuilder};
 pub use limits::Limits;
-pub use scheduler::{BatchOutcome, Interrupt};
+pub use run::context;
+pub use run::interrupt::Interrupt;
+pub use run::scheduler::BatchOutcome;
+pub use run::stream::{Arrival, CallStream};
 pub use tool::{Invocation, Tool, ToolSpec};

@@ -1,7 +1,7 @@
 //! The tool pool: which tools the model sees, in which order, and the rules
 //! every call of them is held to.
 //!
-//! Assembly (DESIGN.md §2): built-ins sorted by name, then plugins sorted by
+//! Assembly (README, "Tool pool and permissions"): built-ins sorted by name, then plugins sorted by
 //! name, de-duplicated by name keeping the first, so a built-in always wins a
 //! clash and adding or removing a plugin never changes the order or the
 //! definitions of the built-ins (what keeps an agent's prompt cache valid).
@@ -16,13 +16,17 @@
 //! tools, and it changes with them, so it goes after everything whose bytes
 //! must stay put.
 
+pub mod builtin;
+pub mod definitions;
+pub(crate) mod schema;
+
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use crate::builtin::{TOOL_SEARCH, ToolSearch};
+use self::builtin::{TOOL_SEARCH, ToolSearch};
+pub use self::schema::InputSchema;
 use crate::error::{Error, Result};
 use crate::permissions::{Mode, Permissions};
-use crate::schema::InputSchema;
 use crate::tool::{Tool, ToolOrigin, ToolSpec};
 
 /// The built-ins [`Mode::Simple`] keeps.

@@ -77,7 +77,7 @@ impl ToolSpec {
             interrupt: InterruptBehavior::Block,
             user_facing_name: name.into(),
             enabled: true,
-            max_result_size: ResultSize::Chars(crate::plugin::DEFAULT_MAX_RESULT_SIZE_CHARS),
+            max_result_size: ResultSize::Chars(crate::contract::DEFAULT_MAX_RESULT_SIZE_CHARS),
             requires_user_interaction: false,
             origin: ToolOrigin::BuiltIn,
             trusted: true,
@@ -114,8 +114,8 @@ pub enum InterruptBehavior {
 pub enum ResultSize {
     /// At most this many characters.
     Chars(u64),
-    /// The tool bounds its own output and is never persisted (the seed's
-    /// `Infinity`, as for `Read`).
+    /// The tool bounds its own output and is never persisted (`Infinity` in the runtime
+    /// keel follows, as for `Read`).
     SelfBounded,
 }
 
@@ -211,7 +211,7 @@ pub trait Tool: Send + Sync + 'static {
 
 /// One call of a tool on one input: the per-input questions, then the call.
 ///
-/// Each default is the conservative answer of DESIGN.md §1, which is also what
+/// Each default is the conservative answer (README, "Write a tool"), which is also what
 /// a plugin's answer falls back to when it traps.
 #[async_trait]
 pub trait Invocation: Send {

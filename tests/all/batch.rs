@@ -104,3 +104,30 @@ fn broken_json_input_and_a_tool_error_fail_only_their_call() {
     assert!(results[..3].iter().all(|r| r.is_error));
     assert_eq!(results[3], ToolResult::ok("d", "No matches in 0 files"));
 }
+
+#[test]
+fn an_input_built_in_code_is_held_to_the_input_cap_as_a_parsed_one_is() {
+    let workspace = tempfile::tempdir().unwrap();
+    let limits = keel_host::Limits { input: 1024, ..keel_host::Limits::default() };
+    let host =
+        block_on(crate::host_of(workspace.path(), &["keel_tool_echo"]).limits(limits).build()).unwrap();
+    let text = "x".repeat(2000);
+    let size = json!({ "text": text }).to_string().len();
+    let batch = [
+        ToolUse::new("big", "echo", json!({ "text": text })),
+        ToolUse::new("small", "echo", json!({ "text": "hi" })),
+    ];
+    let outcome = block_on(host.run_batch(&batch));
+    assert_eq!(
+        outcome.results,
+        [
+            ToolResult::error(
+                "big",
+                format!(
+                    "Invalid input for echo: input size limit of 1 KiB exceeded: the input is {size} bytes"
+                )
+            ),
+            ToolResult::ok("small", "hi"),
+        ]
+    );
+}

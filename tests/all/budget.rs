@@ -6,10 +6,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use keel_host::batch::user_message;
+use keel_host::budget::ledger::{Decision, Ledger};
 use keel_host::budget::{Budget, BudgetConfig, Threshold};
 use keel_host::context;
-use keel_host::ledger::{Decision, Ledger};
-use keel_host::summary::{self, BoxError, DefaultSummarizer, Summarizer, Summary, SummaryCall};
+use keel_host::events::summary::{self, BoxError, DefaultSummarizer, Summarizer, Summary, SummaryCall};
 use keel_host::tool::CallContext;
 use keel_host::{ToolResult, ToolUse};
 use serde_json::{Value, json};

@@ -13,10 +13,10 @@
 use std::sync::{Arc, OnceLock};
 
 use keel_host::batch::{parse_batch, parse_batch_with_limit};
-use keel_host::engine::Runtime;
 use keel_host::limits::Limits;
-use keel_host::plugin::PluginTool;
-use keel_host::schema::InputSchema;
+use keel_host::load::PluginTool;
+use keel_host::load::Runtime;
+use keel_host::pool::InputSchema;
 use proptest::prelude::*;
 use serde_json::{Map, Value};
 

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use keel_host::context;
 use keel_host::limits::{BatchFuel, Limits};
-use keel_host::plugin::PluginTool;
+use keel_host::load::PluginTool;
 use keel_host::tool::{CallContext, CallError, ResultSize, Tool};
 use keel_host::{Host, ToolResult, ToolUse};
 use serde_json::{Value, json};
@@ -269,8 +269,7 @@ fn unburnt_fuel_goes_back_to_the_batch() {
 #[test]
 fn traps_and_spins_in_the_exports_asked_at_load_give_their_fallbacks() {
     let workspace = tempfile::tempdir().unwrap();
-    let runtime =
-        Arc::new(keel_host::engine::Runtime::new(&Limits::default(), Some(shared_cache())).unwrap());
+    let runtime = Arc::new(keel_host::load::Runtime::new(&Limits::default(), Some(shared_cache())).unwrap());
     let plugin = block_on(PluginTool::load(
         &runtime,
         &guest("keel_guest_trap_load"),

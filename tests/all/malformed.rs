@@ -5,7 +5,7 @@ use std::io::Read as _;
 use std::net::TcpListener;
 
 use keel_host::batch::{parse_batch, parse_batch_bytes, parse_batch_with_limit};
-use keel_host::schema::InputSchema;
+use keel_host::pool::InputSchema;
 use keel_host::{Host, ToolResult};
 use serde_json::json;
 

@@ -6,8 +6,8 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use keel_host::config::Config;
-use keel_host::definitions::{Format, definition, definitions, listing};
 use keel_host::permissions::{Mode, Permissions, PermissionsConfig, Rule};
+use keel_host::pool::definitions::{Format, definition, definitions, listing};
 use keel_host::pool::{PoolOptions, ToolPool};
 use keel_host::tool::{Tool, ToolOrigin, ToolSpec};
 use keel_host::{Host, ToolResult, ToolUse};

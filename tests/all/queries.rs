@@ -1,11 +1,11 @@
 //! Per-input questions on the actual input, and the conservative fallback
 //! when a guest traps while answering one.
 
-use keel_host::runner::prepare;
-use keel_host::{Host, ToolResult, ToolUse};
+use keel_host::events::PlannedGroup;
+use keel_host::{Event, Host, ToolResult, ToolUse};
 use serde_json::json;
 
-use crate::{block_on, guest, shared_cache};
+use crate::{block_on, events_of, guest, shared_cache};
 
 fn host() -> (tempfile::TempDir, Host) {
     let workspace = tempfile::tempdir().unwrap();
@@ -24,17 +24,27 @@ fn trapping(id: &str, exports: &[&str]) -> ToolUse {
 #[test]
 fn a_trap_in_is_concurrency_safe_answers_false_and_the_call_still_runs() {
     let (_workspace, host) = host();
-    block_on(async {
-        let healthy = prepare(host.pool(), &trapping("healthy", &[]), None).await.unwrap();
-        assert!(healthy.concurrency_safe, "the guest's own answer is true");
-
-        let trapped =
-            prepare(host.pool(), &trapping("trapped", &["is_concurrency_safe"]), None).await.unwrap();
-        assert!(!trapped.concurrency_safe, "a trap falls back to false");
-        let cx = keel_host::tool::CallContext::new(keel_host::context::initial());
-        let (result, _) = trapped.run(host.pool(), cx, &keel_host::Interrupt::new()).await;
-        assert_eq!(result, ToolResult::ok("trapped", "ok: trapped"));
-    });
+    let batch = vec![
+        trapping("healthy", &[]),
+        trapping("also_healthy", &[]),
+        trapping("trapped", &["is_concurrency_safe"]),
+    ];
+    let (events, results, _) = events_of(&host, batch);
+    let plan = events.iter().find(|event| matches!(event, Event::BatchPlan { .. })).unwrap();
+    assert_eq!(
+        plan,
+        &Event::BatchPlan {
+            batches: vec![
+                PlannedGroup {
+                    concurrent: true,
+                    tool_use_ids: vec!["healthy".into(), "also_healthy".into()]
+                },
+                PlannedGroup { concurrent: false, tool_use_ids: vec!["trapped".into()] },
+            ]
+        },
+        "the guest's own answer is true; a trap falls back to false"
+    );
+    assert_eq!(results[2], ToolResult::ok("trapped", "ok: trapped"));
 }
 
 #[test]

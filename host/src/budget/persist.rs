@@ -2,13 +2,15 @@
 //! the block the model reads instead.
 
 use std::fmt::Write as _;
-use std::io::{self, Write as _};
+use std::io;
 use std::path::PathBuf;
 
 use sha2::{Digest, Sha256};
 
-/// Opens the block that replaces a persisted result (the seed's
-/// `PERSISTED_OUTPUT_TAG`).
+use crate::fs::Staged;
+
+/// Opens the block that replaces a persisted result (`PERSISTED_OUTPUT_TAG` in the runtime
+/// keel follows).
 pub const PERSISTED_OUTPUT_TAG: &str = "<persisted-output>";
 
 /// Closes the block that replaces a persisted result.
@@ -58,42 +60,13 @@ impl SessionDir {
     /// Write `contents` to a hidden temporary file beside `file_name` and
     /// sync it; nothing exists under `file_name` until [`Staged::commit`].
     fn stage(&self, file_name: &str, contents: &[u8]) -> io::Result<Staged> {
-        let dir = self.dir();
-        std::fs::create_dir_all(&dir)?;
-        let mut temp =
-            tempfile::Builder::new().prefix(&format!(".{file_name}.")).suffix(".tmp").tempfile_in(&dir)?;
-        temp.write_all(contents)?;
-        temp.as_file().sync_all()?;
-        Ok(Staged { temp, target: dir.join(file_name) })
+        Staged::new(&self.dir().join(file_name), contents, true)
     }
 }
 
 impl ResultStore for SessionDir {
     fn write(&self, file_name: &str, contents: &[u8]) -> io::Result<()> {
         self.stage(file_name, contents)?.commit()
-    }
-}
-
-/// A result written and synced under a temporary name. Dropped without
-/// [`Staged::commit`] (an error, a panic), the temporary file is removed; a
-/// crash leaves only a hidden `.tmp` file, never a part under the final name.
-struct Staged {
-    temp: tempfile::NamedTempFile,
-    target: PathBuf,
-}
-
-impl Staged {
-    /// Rename the temporary file to its final name, replacing any file there.
-    /// A rename within one directory is atomic: a reader sees the old file or
-    /// the whole new one.
-    fn commit(self) -> io::Result<()> {
-        self.temp.persist(&self.target).map_err(|error| error.error)?;
-        Ok(())
-    }
-
-    #[cfg(test)]
-    fn temp_path(&self) -> &std::path::Path {
-        self.temp.path()
     }
 }
 

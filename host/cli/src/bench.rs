@@ -1,0 +1,438 @@
+//! The figures of `keel bench`: each keel figure beside a baseline measured
+//! in the same run, on the same engine settings.
+//!
+//! Every figure but the MCP server's CPU time is a median over repeated
+//! rounds; that one is a total over all measured calls, divided by the
+//! calls. Targets are stated, never
+//! asserted: a slow machine reports `met: false` rather than failing.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Instant;
+
+use serde::Serialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+
+use keel_host::budget::ledger::Ledger;
+use keel_host::budget::{Budget, BudgetConfig, Threshold};
+use keel_host::load::floor::{CACHE_RACY_WINDOW, Floor};
+use keel_host::{Error, Host, Result, ToolResult, ToolUse};
+
+pub mod mcp;
+
+/// One figure, as `keel bench --json` prints it.
+#[derive(Clone, Debug, Serialize)]
+pub struct Figure {
+    /// What is measured; says which way `ratio` is taken.
+    pub name: String,
+    /// keel's value.
+    pub keel: f64,
+    /// The baseline's value, measured in the same run.
+    pub baseline: f64,
+    /// The unit of both values.
+    pub unit: &'static str,
+    /// keel ÷ baseline (for throughput: keel's rate ÷ the baseline's).
+    pub ratio: f64,
+    /// The target, in words; `None` when the figure is only reported.
+    pub target: Option<String>,
+    /// Whether the target was met.
+    pub met: Option<bool>,
+}
+
+impl Figure {
+    fn new(name: &str, keel: f64, baseline: f64, unit: &'static str) -> Self {
+        let ratio = if baseline == 0.0 { f64::NAN } else { keel / baseline };
+        Figure { name: name.into(), keel, baseline, unit, ratio, target: None, met: None }
+    }
+
+    fn at_most(mut self, target: f64) -> Self {
+        self.target = Some(format!("ratio <= {target}"));
+        self.met = Some(self.ratio <= target);
+        self
+    }
+
+    fn at_least(mut self, target: f64) -> Self {
+        self.target = Some(format!("ratio >= {target}"));
+        self.met = Some(self.ratio >= target);
+        self
+    }
+
+    /// A target on keel's value itself, in the figure's unit.
+    fn keel_at_most(mut self, target: f64) -> Self {
+        self.target = Some(format!("keel <= {target} {}", self.unit));
+        self.met = Some(self.keel <= target);
+        self
+    }
+}
+
+/// How long and on what to run.
+#[derive(Clone, Debug)]
+pub struct BenchOptions {
+    /// Few iterations: for CI, so the suite cannot rot; figures are noisy.
+    pub quick: bool,
+    /// The directory of the bundled example tools (`echo` and `hash`).
+    pub tools: PathBuf,
+    /// The `keel` binary: the MCP figures run `keel serve` and their
+    /// baseline ([`mcp::NATIVE_ECHO_ARGS`]) from it as child processes.
+    pub keel: PathBuf,
+}
+
+impl BenchOptions {
+    fn scale(&self, full: usize, quick: usize) -> usize {
+        if self.quick { quick } else { full }
+    }
+
+    fn tool(&self, name: &str) -> PathBuf {
+        self.tools.join(format!("keel_tool_{name}.wasm"))
+    }
+}
+
+fn median(mut samples: Vec<f64>) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
+}
+
+fn runtime(workers: usize) -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .expect("a tokio runtime")
+}
+
+fn cores() -> usize {
+    std::thread::available_parallelism().map_or(1, usize::from)
+}
+
+async fn echo_host(options: &BenchOptions, workspace: &Path) -> Result<Host> {
+    Host::builder()
+        .workspace(workspace)
+        .plugins(options.tool("echo"))
+        .plugins(options.tool("hash"))
+        .cache_dir(keel_host::load::default_cache_dir())
+        .build()
+        .await
+}
+
+fn echo_use(id: usize) -> ToolUse {
+    ToolUse::new(format!("toolu_{id}"), "echo", json!({ "text": "hello" }))
+}
+
+/// Figure 1: one call through keel's whole path against the floor.
+pub fn per_call(options: &BenchOptions) -> Result<Figure> {
+    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let rt = runtime(1);
+    let host = rt.block_on(echo_host(options, workspace.path()))?;
+    let floor = Floor::new(&options.tool("echo"))?;
+    let (rounds, per_round) = (options.scale(30, 5), options.scale(200, 20));
+    let input = r#"{"text":"hello"}"#;
+    let (mut keel, mut bare) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        for _ in 0..per_round {
+            floor.call(input).await.expect("echo does not fail");
+            host.run_batch(&[echo_use(0)]).await;
+        }
+        for _ in 0..rounds {
+            let started = Instant::now();
+            for _ in 0..per_round {
+                floor.call(input).await.expect("echo does not fail");
+            }
+            bare.push(started.elapsed().as_secs_f64() * 1e6 / per_round as f64);
+            let started = Instant::now();
+            for id in 0..per_round {
+                host.run_batch(&[echo_use(id)]).await;
+            }
+            keel.push(started.elapsed().as_secs_f64() * 1e6 / per_round as f64);
+        }
+    });
+    Ok(Figure::new("per_call_overhead (keel / floor)", median(keel), median(bare), "µs").at_most(1.5))
+}
+
+/// Figure 2: 1,000 concurrency-safe calls, cap 10, against the floor's same
+/// loop under a semaphore; with `workers` tokio workers.
+pub fn throughput(options: &BenchOptions, workers: usize) -> Result<Figure> {
+    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let rt = runtime(workers);
+    let host = rt.block_on(echo_host(options, workspace.path()))?;
+    let floor = Arc::new(Floor::new(&options.tool("echo"))?);
+    let (rounds, calls) = (options.scale(7, 3), options.scale(1_000, 200));
+    let uses: Vec<ToolUse> = (0..calls).map(echo_use).collect();
+    let (mut keel, mut bare) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        for _ in 0..rounds {
+            let started = Instant::now();
+            let semaphore = Arc::new(tokio::sync::Semaphore::new(10));
+            let tasks: Vec<_> = (0..calls)
+                .map(|_| {
+                    let (floor, semaphore) = (floor.clone(), semaphore.clone());
+                    tokio::spawn(async move {
+                        let _permit = semaphore.acquire().await.expect("the semaphore stays open");
+                        floor.call(r#"{"text":"hello"}"#).await.expect("echo does not fail")
+                    })
+                })
+                .collect();
+            for task in tasks {
+                task.await.expect("a floor call does not panic");
+            }
+            bare.push(calls as f64 / started.elapsed().as_secs_f64());
+            let started = Instant::now();
+            host.run_batch(&uses).await;
+            keel.push(calls as f64 / started.elapsed().as_secs_f64());
+        }
+    });
+    let name = format!("throughput_{workers}_workers (keel / floor calls per s)");
+    Ok(Figure::new(&name, median(keel), median(bare), "calls/s").at_least(0.8))
+}
+
+/// Figure 3: 100 CPU-heavy `hash` calls, cap 10: wall time against the
+/// serial time divided by the cores.
+pub fn batch_speedup(options: &BenchOptions) -> Result<Figure> {
+    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let rt = runtime(cores());
+    let host = rt.block_on(echo_host(options, workspace.path()))?;
+    let (calls, rounds) = (options.scale(100, 20), options.scale(20_000, 2_000));
+    let uses: Vec<ToolUse> = (0..calls)
+        .map(|i| {
+            ToolUse::new(format!("toolu_{i}"), "hash", json!({ "text": format!("{i}"), "rounds": rounds }))
+        })
+        .collect();
+    let (serial, parallel) = rt.block_on(async {
+        let started = Instant::now();
+        for tool_use in &uses {
+            host.run_batch(std::slice::from_ref(tool_use)).await;
+        }
+        let serial = started.elapsed().as_secs_f64() * 1e3;
+        let started = Instant::now();
+        host.run_batch(&uses).await;
+        (serial, started.elapsed().as_secs_f64() * 1e3)
+    });
+    let ideal = serial / cores() as f64;
+    Ok(Figure::new("batch_speedup (wall / (serial / cores))", parallel, ideal, "ms").at_most(1.15))
+}
+
+/// Figure 4: a ready pool of 50 plugins, compile cache warm; the cold
+/// figure is reported as the baseline. Each start is a fresh `keel` process
+/// ([`START_POOL_ARGS`], timed by [`start_pool`] from its `main`), so what a
+/// real start pays is counted: the allocator, the code and the caches of a
+/// new process all start cold. Warm means the cache holds the compiled code
+/// and its index can know the plugin files: they last changed more than 2 s
+/// ago, as installed plugins have (the cache reads and hashes a file changed
+/// more recently on every start).
+pub fn startup(options: &BenchOptions) -> Result<Figure> {
+    let plugins = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let sources: Vec<PathBuf> = keel_host::load::plugin_files(&options.tools)?;
+    for i in 0..50 {
+        let source = &sources[i % sources.len()];
+        let target = plugins.path().join(format!("p{i:02}.wasm"));
+        std::fs::copy(source, &target).map_err(|error| Error::io("copy", source, error))?;
+    }
+    let copied = Instant::now();
+    let cache = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let start = || -> Result<f64> {
+        let output = std::process::Command::new(&options.keel)
+            .args(START_POOL_ARGS)
+            .arg(plugins.path())
+            .arg(cache.path())
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(|error| Error::io("run", &options.keel, error))?;
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        match stdout.trim().parse::<f64>() {
+            Ok(ms) if output.status.success() => Ok(ms),
+            _ => Err(Error::Engine(format!(
+                "`keel {}` failed ({}): {}",
+                START_POOL_ARGS.join(" "),
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ))),
+        }
+    };
+    let cold = start()?;
+    std::thread::sleep(CACHE_RACY_WINDOW.saturating_sub(copied.elapsed()));
+    let warm: Vec<f64> = (0..options.scale(21, 3)).map(|_| start()).collect::<Result<_>>()?;
+    let mut figure = Figure::new("startup_50_plugins (warm cache / cold)", median(warm), cold, "ms");
+    figure.target = Some("keel <= 10 ms".into());
+    figure.met = Some(figure.keel <= 10.0);
+    Ok(figure)
+}
+
+/// The arguments that make the `keel` binary start a pool from a directory
+/// of plugins and a compile cache (two more arguments), print how long that
+/// took in milliseconds and exit: one start of figure 4.
+pub const START_POOL_ARGS: [&str; 2] = ["bench", "--start-pool"];
+
+/// Build a host of every plugin in `plugins`, which is also its workspace,
+/// with its compile cache in `cache`; give the milliseconds from `started`
+/// (the process's start) until its pool is ready, with the host and the
+/// runtime it runs on. Tearing them down is not part of a start: the caller
+/// may exit without it.
+pub fn start_pool(
+    plugins: &Path,
+    cache: &Path,
+    started: Instant,
+) -> Result<(f64, Host, tokio::runtime::Runtime)> {
+    let runtime = runtime(cores());
+    let build =
+        Host::builder().workspace(plugins).plugins(plugins).cache_dir(Some(cache.to_path_buf())).build();
+    // The copies' names clash, and each clash is a warning: not what is measured.
+    let quiet = tracing::subscriber::NoSubscriber::default();
+    let host = tracing::subscriber::with_default(quiet, || runtime.block_on(build))?;
+    Ok((started.elapsed().as_secs_f64() * 1e3, host, runtime))
+}
+
+/// Figure 5: `hash` of 10 MB in keel against the same sha256 natively; and
+/// the same call on a bare engine with fuel and epoch interruption off, so
+/// that what metering costs shows apart from the rest of the path.
+pub fn tool_work(options: &BenchOptions) -> Result<Vec<Figure>> {
+    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let size = options.scale(10 << 20, 1 << 20);
+    let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
+    let path = workspace.path().join("data.bin");
+    std::fs::write(&path, &bytes).map_err(|error| Error::io("write", &path, error))?;
+    let rt = runtime(1);
+    let host = rt.block_on(echo_host(options, workspace.path()))?;
+    let input = json!({ "file_path": "data.bin" });
+    let call = [ToolUse::new("toolu_1", "hash", input.clone())];
+    let rounds = options.scale(7, 3);
+    let time = |mut f: Box<dyn FnMut() + '_>| -> Vec<f64> {
+        (0..rounds)
+            .map(|_| {
+                let started = Instant::now();
+                f();
+                started.elapsed().as_secs_f64() * 1e3
+            })
+            .collect()
+    };
+    let keel = time(Box::new(|| {
+        let outcome = rt.block_on(host.run_batch(&call));
+        assert!(!outcome.results[0].is_error, "hash failed: {}", outcome.results[0].content);
+    }));
+    let native = time(Box::new(|| {
+        std::hint::black_box(Sha256::digest(&bytes));
+    }));
+    let unmetered = Floor::unmetered(&options.tool("hash"), workspace.path())?;
+    let input = input.to_string();
+    let off = time(Box::new(|| {
+        let output = rt.block_on(unmetered.call(&input));
+        assert!(output.is_ok(), "hash failed: {output:?}");
+    }));
+    let native = median(native);
+    Ok(vec![
+        Figure::new("tool_work_hash_10mb (keel with fuel+epoch / native)", median(keel), native, "ms"),
+        Figure::new(
+            "tool_work_hash_10mb_unmetered (bare, fuel+epoch off / native)",
+            median(off),
+            native,
+            "ms",
+        ),
+    ])
+}
+
+/// Figure 6: per-message enforcement over ten 1 MB results against a plain
+/// write of the same bytes.
+pub fn budgets(options: &BenchOptions) -> Result<Figure> {
+    let rounds = options.scale(7, 3);
+    let content = "x".repeat(1 << 20);
+    let rt = runtime(1);
+    let (mut keel, mut plain) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let session =
+            tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+        let budget = Budget::new(&BudgetConfig::default(), session.path());
+        let mut results: Vec<ToolResult> =
+            (0..10).map(|i| ToolResult::ok(format!("toolu_{i}"), content.clone())).collect();
+        let thresholds = vec![Threshold::default(); 10];
+        let started = Instant::now();
+        rt.block_on(budget.per_message(&mut results, &thresholds, &mut Ledger::new()));
+        keel.push(started.elapsed().as_secs_f64() * 1e3);
+
+        let dir = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+        let started = Instant::now();
+        for i in 0..10 {
+            let path = dir.path().join(format!("{i}.txt"));
+            std::fs::write(&path, &content).map_err(|error| Error::io("write", &path, error))?;
+        }
+        plain.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(Figure::new("budget_per_message_10x1mb (keel / plain write)", median(keel), median(plain), "ms"))
+}
+
+/// Figure 7: resident memory after 1,000 and after 10,000 calls.
+pub fn memory(options: &BenchOptions) -> Result<Figure> {
+    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let rt = runtime(cores());
+    let host = rt.block_on(echo_host(options, workspace.path()))?;
+    let (first, total) = (options.scale(1_000, 200), options.scale(10_000, 2_000));
+    let batch: Vec<ToolUse> = (0..100).map(echo_use).collect();
+    let mut after_first = 0;
+    for done in (100..=total).step_by(100) {
+        rt.block_on(host.run_batch(&batch));
+        if done == first {
+            after_first = resident_kib();
+        }
+    }
+    let name = format!("memory_rss (after {total} calls / after {first})");
+    let figure = Figure::new(&name, resident_kib() as f64 / 1024.0, after_first as f64 / 1024.0, "MiB");
+    Ok(figure.at_most(1.05))
+}
+
+fn resident_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/statm")
+        .ok()
+        .and_then(|statm| statm.split_whitespace().nth(1).and_then(|pages| pages.parse::<u64>().ok()))
+        .map_or(0, |pages| pages * 4)
+}
+
+/// The figures, by the first word of their name.
+pub const FIGURES: &[&str] = &[
+    "per_call_overhead",
+    "throughput",
+    "batch_speedup",
+    "startup_50_plugins",
+    "tool_work_hash_10mb",
+    "budget_per_message_10x1mb",
+    "memory_rss",
+    "mcp_round_trip_p50",
+    "mcp_server_cpu_per_call",
+];
+
+/// Every figure whose name starts with `only` (all when `None`), in order,
+/// each as it is measured.
+pub fn all(options: &BenchOptions, only: Option<&str>, mut report: impl FnMut(Figure)) -> Result<()> {
+    let wanted = |name: &str| only.is_none_or(|prefix| name.starts_with(prefix));
+    let start = Instant::now();
+    if wanted("per_call_overhead") {
+        report(per_call(options)?);
+    }
+    if wanted("throughput") {
+        report(throughput(options, 1)?);
+        report(throughput(options, cores())?);
+    }
+    if wanted("batch_speedup") {
+        report(batch_speedup(options)?);
+    }
+    if wanted("startup_50_plugins") {
+        report(startup(options)?);
+    }
+    if wanted("tool_work_hash_10mb") {
+        tool_work(options)?.into_iter().for_each(&mut report);
+    }
+    if wanted("budget_per_message_10x1mb") {
+        report(budgets(options)?);
+    }
+    if wanted("memory_rss") {
+        report(memory(options)?);
+    }
+    if wanted("mcp_round_trip_p50") || wanted("mcp_server_cpu_per_call") {
+        let [latency, cpu] = mcp::round_trip(options)?;
+        if wanted("mcp_round_trip_p50") {
+            report(latency);
+        }
+        if wanted("mcp_server_cpu_per_call") {
+            report(cpu);
+        }
+    }
+    tracing::debug!("benchmarks took {:?}", start.elapsed());
+    Ok(())
+}

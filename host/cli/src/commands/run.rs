@@ -1,0 +1,206 @@
+//! `keel run`: run a batch of tool calls.
+
+use std::collections::HashMap;
+use std::io::{IsTerminal as _, Read as _, Write as _};
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::prompter::TerminalPrompter;
+use anyhow::{Context as _, Result, bail};
+use clap::Args;
+use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
+use keel_host::Limits;
+use keel_host::batch::{parse_batch_bytes, user_message};
+use keel_host::config::Config;
+use keel_host::{BatchRun, Event, Host, HostBuilder};
+
+/// Arguments of `keel run`.
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    host: HostArgs,
+    /// Print the run's events as JSON lines on stdout instead of the final
+    /// message.
+    #[arg(long)]
+    events: bool,
+    /// A JSON file holding an array of tool_use blocks or an assistant
+    /// message; `-` reads standard input.
+    #[arg(value_name = "BATCH")]
+    batch: String,
+}
+
+/// The flags every command that builds a host shares.
+#[derive(Args)]
+pub struct HostArgs {
+    /// A `.wasm` tool or a directory of them; repeatable. Default: the
+    /// example tools bundled with this build.
+    #[arg(long = "plugins", value_name = "PATH")]
+    pub plugins: Vec<PathBuf>,
+    /// The directory the tools work in. Default: the current directory.
+    #[arg(long, value_name = "DIR")]
+    pub workspace: Option<PathBuf>,
+    /// The configuration file. Default: `keel.toml` in the current
+    /// directory, when there is one.
+    #[arg(long, value_name = "PATH")]
+    pub config: Option<PathBuf>,
+    /// Where compiled tools are cached. Default: `$KEEL_CACHE_DIR`, else
+    /// `$XDG_CACHE_HOME/keel`, else `~/.cache/keel`.
+    #[arg(long, value_name = "DIR", conflicts_with = "no_cache")]
+    pub cache_dir: Option<PathBuf>,
+    /// Compile every tool afresh and cache nothing.
+    #[arg(long)]
+    pub no_cache: bool,
+}
+
+/// Run the batch; print the user message of tool_result blocks, or the
+/// events as JSON lines with `--events`. Ctrl-C interrupts the batch: calls
+/// not started are not started, `cancel` calls stop, `block` calls finish.
+pub fn run(args: &RunArgs) -> Result<()> {
+    let config = args.host.config()?;
+    let (bytes, origin) = read_batch(&args.batch)?;
+    let uses = parse_batch_bytes(&bytes, &origin, config.limits.apply(Limits::default()).input)?;
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let mut builder = args.host.builder_without_config()?.config(config);
+        // With someone at the keyboard a call that needs approval is asked
+        // about; without, it is denied saying so.
+        if let Some(prompter) = TerminalPrompter::if_interactive() {
+            builder = builder.prompter(std::sync::Arc::new(prompter));
+        }
+        let host = builder.build().await?;
+        let mut run = host.start_batch(uses, keel_host::context::initial());
+        let interrupter = run.interrupter();
+        tokio::spawn(async move {
+            if tokio::signal::ctrl_c().await.is_ok() {
+                interrupter.interrupt();
+            }
+        });
+        if args.events {
+            print_events(&mut run).await?;
+            run.finish().await;
+        } else {
+            let display = std::io::stderr().is_terminal().then(LiveProgress::new);
+            while let Some(event) = run.next_event().await {
+                if let Some(display) = &display {
+                    display.show(&event);
+                }
+            }
+            let outcome = run.finish().await;
+            println!("{}", serde_json::to_string_pretty(&user_message(&outcome.results))?);
+        }
+        anyhow::Ok(())
+    })
+}
+
+async fn print_events(run: &mut BatchRun) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    while let Some(event) = run.next_event().await {
+        serde_json::to_writer(&mut stdout, &event)?;
+        stdout.write_all(b"\n")?;
+        stdout.flush()?;
+    }
+    Ok(())
+}
+
+/// One spinner per running call on stderr, with its latest progress.
+struct LiveProgress {
+    bars: MultiProgress,
+    running: std::sync::Mutex<HashMap<String, ProgressBar>>,
+    style: ProgressStyle,
+}
+
+impl LiveProgress {
+    fn new() -> Self {
+        let style = ProgressStyle::with_template("{spinner} {prefix:.bold} {msg} ({elapsed})")
+            .expect("the template is valid");
+        LiveProgress { bars: MultiProgress::new(), running: Default::default(), style }
+    }
+
+    fn show(&self, event: &Event) {
+        let mut running = self.running.lock().expect("the display is not poisoned");
+        match event {
+            Event::CallStarted { tool_use_id, tool, activity } => {
+                let bar = self.bars.add(ProgressBar::new_spinner().with_style(self.style.clone()));
+                bar.set_prefix(tool.clone());
+                bar.set_message(activity.clone().unwrap_or_default());
+                bar.enable_steady_tick(Duration::from_millis(100));
+                running.insert(tool_use_id.clone(), bar);
+            }
+            Event::Progress { tool_use_id, data } => {
+                if let Some(bar) = running.get(tool_use_id) {
+                    bar.set_message(data.to_string());
+                }
+            }
+            Event::CallFinished { tool_use_id, is_error } => {
+                if let Some(bar) = running.remove(tool_use_id) {
+                    bar.finish_with_message(if *is_error { "failed" } else { "done" });
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+fn read_batch(batch: &str) -> Result<(Vec<u8>, String)> {
+    if batch == "-" {
+        let mut bytes = Vec::new();
+        std::io::stdin().read_to_end(&mut bytes).context("failed to read batch from standard input")?;
+        return Ok((bytes, "<stdin>".into()));
+    }
+    let bytes = std::fs::read(batch).with_context(|| format!("failed to read batch {batch}"))?;
+    Ok((bytes, batch.to_string()))
+}
+
+impl HostArgs {
+    /// A host builder for these flags: config, plugins (or the bundled
+    /// tools), workspace and cache.
+    pub fn builder(&self) -> Result<HostBuilder> {
+        Ok(self.builder_without_config()?.config(self.config()?))
+    }
+
+    /// The configuration: `--config PATH`, else `keel.toml` in the current
+    /// directory, else the defaults.
+    pub fn config(&self) -> Result<Config> {
+        Ok(Config::discover(self.config.as_deref(), &std::env::current_dir()?)?.0)
+    }
+
+    /// A host builder for these flags, leaving the configuration to the
+    /// caller.
+    pub fn builder_without_config(&self) -> Result<HostBuilder> {
+        let mut builder = Host::builder();
+        if self.plugins.is_empty() {
+            builder = builder.plugins(bundled_tools()?);
+        }
+        for path in &self.plugins {
+            if !path.exists() {
+                bail!(
+                    "no plugin at {}; pass a tool's .wasm component or a directory of them \
+                     (cargo puts them in target/wasm32-wasip2/release/)",
+                    path.display()
+                );
+            }
+            builder = builder.plugins(path);
+        }
+        if let Some(dir) = &self.workspace {
+            builder = builder.workspace(dir);
+        }
+        if self.no_cache {
+            builder = builder.cache_dir(None);
+        } else if let Some(dir) = &self.cache_dir {
+            builder = builder.cache_dir(Some(dir.clone()));
+        }
+        Ok(builder)
+    }
+}
+
+/// The example tools built with this binary, wherever the build put them.
+pub fn bundled_tools() -> Result<PathBuf> {
+    let Some(dir) = option_env!("KEEL_BUNDLED_TOOLS_DIR") else {
+        bail!("this build of keel has no bundled tools; pass --plugins PATH");
+    };
+    let dir = PathBuf::from(dir);
+    if !dir.is_dir() {
+        bail!("the bundled tools are missing from {}; rebuild keel, or pass --plugins PATH", dir.display());
+    }
+    Ok(dir)
+}

@@ -1,0 +1,301 @@
+//! `keel serve`: the tool pool as a Model Context Protocol server on stdio.
+//!
+//! `tools/list` is the pool as a model sees it (`keel list`); `tools/call`
+//! runs one call through the same path as a call of `keel run`: schema,
+//! the tool's own checks, permissions, a fresh sandbox, result budgets,
+//! events. Concurrent requests are admitted by the library's scheduler as a
+//! stream of calls ([`keel_host::CallStream`]), under the rules of a batch:
+//! concurrency-safe calls overlap up to the cap, any other call runs alone,
+//! and calls are admitted in the order they arrived ([`arrivals`]). A
+//! request with a progress token gets `notifications/progress` as the tool
+//! reports progress; `notifications/cancelled` interrupts its call.
+//!
+//! Every failure of a call is a result with `isError: true`; the server
+//! goes on. Standard output carries the protocol only; logs go to stderr.
+
+mod arrivals;
+
+use std::io::Write as _;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+
+use anyhow::{Context as _, Result};
+use clap::Args;
+use keel_host::config::Config;
+use keel_host::load::{Access, Grants};
+use keel_host::pool::definitions::model_description;
+use keel_host::tool::{ToolOrigin, ToolSpec};
+use keel_host::{Arrival, CallStream, Event, Host, Interrupt, ToolResult, ToolUse};
+use rmcp::model::{
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject,
+    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
+    ServerConfig, ToolAnnotations,
+};
+use rmcp::service::RequestContext;
+use rmcp::transport::async_rw::AsyncRwTransport;
+use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt as _};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
+
+use self::arrivals::Arrivals;
+use super::run::HostArgs;
+
+/// Arguments of `keel serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    host: HostArgs,
+    /// Also append every call's events to this file as JSON lines, as
+    /// `keel run --events` prints them.
+    #[arg(long, value_name = "PATH")]
+    events: Option<PathBuf>,
+}
+
+/// Build the host from the flags and `keel.toml`, then answer MCP requests
+/// on stdin and stdout until the client closes stdin.
+pub fn run(args: &ServeArgs) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let (config, _) = Config::discover(args.host.config.as_deref(), &std::env::current_dir()?)?;
+        let grants_config = config.plugins.clone();
+        // Each call's result is final: no ledger to keep them stable.
+        let mut builder = args.host.builder_without_config()?.config(config).without_ledger();
+        if let Some(dir) = session_dir(args.host.workspace.as_deref()) {
+            builder = builder.session_dir(dir);
+        }
+        let host = builder.build().await?;
+        let grants = Grants::from_config(&grants_config, host.workspace())?;
+        let events = match &args.events {
+            Some(path) => Some(EventLog::create(path)?),
+            None => None,
+        };
+        let server = Server::new(host, &grants, events);
+        let (stdin, stdout) = rmcp::transport::stdio_pipes();
+        let transport = Arrivals::new(AsyncRwTransport::new_server(stdin, stdout), server.stream.clone());
+        tracing::info!("serving {} tools over MCP on stdio", server.tools.len());
+        let service = server.serve(transport).await.context("failed to start the MCP session")?;
+        service.waiting().await.context("the MCP session failed")?;
+        anyhow::Ok(())
+    })
+}
+
+/// Where this server persists results: a session directory of its own under
+/// the workspace's `.keel/session/` (the host's default session directory),
+/// named by the start time and process id. Call ids (`mcp-<n>`) count from 0
+/// in every server, so a shared directory would let a new server overwrite
+/// the results an earlier conversation still points to. `None` when the
+/// workspace cannot be opened: building the host reports that.
+fn session_dir(workspace: Option<&std::path::Path>) -> Option<PathBuf> {
+    let workspace = match workspace {
+        Some(dir) => dir.canonicalize().ok()?,
+        None => std::env::current_dir().ok()?.canonicalize().ok()?,
+    };
+    let started = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).ok()?.as_secs();
+    let name = format!("mcp-{started}-{}", std::process::id());
+    Some(workspace.join(".keel/session").join(name))
+}
+
+/// The MCP server: one host, and the stream its calls arrive in.
+struct Server {
+    stream: CallStream,
+    tools: Arc<[rmcp::model::Tool]>,
+    events: Option<Arc<EventLog>>,
+    /// Kept for as long as the stream runs its calls.
+    _host: Host,
+}
+
+impl Server {
+    fn new(host: Host, grants: &Grants, events: Option<EventLog>) -> Self {
+        let tools = mcp_tools(&host, grants).into();
+        let stream = host.stream(keel_host::context::initial());
+        Server { stream, tools, events: events.map(Arc::new), _host: host }
+    }
+
+    /// One call from arrival to result. A cancellation interrupts the call
+    /// whenever it comes: before the call starts (it never starts) or while
+    /// it runs.
+    async fn call(
+        &self,
+        tool_use: ToolUse,
+        arrival: Arrival,
+        cancelled: &CancellationToken,
+        progress: Option<ProgressForwarder>,
+    ) -> ToolResult {
+        let interrupt = Interrupt::new();
+        if cancelled.is_cancelled() {
+            interrupt.interrupt();
+        }
+        // Events have readers only with a progress token or an events file.
+        let progress_sender = progress.as_ref().map(|forwarder| forwarder.sender.clone());
+        let sink = (progress_sender.is_some() || self.events.is_some()).then(|| {
+            let (events, progress) = (self.events.clone(), progress_sender);
+            Arc::new(move |event: Event| {
+                if let (Some(progress), Event::Progress { data, .. }) = (&progress, &event) {
+                    // The forwarder outlives the call; a send cannot fail.
+                    let _ = progress.send(Some(data.clone()));
+                }
+                if let Some(events) = &events {
+                    events.write(&event);
+                }
+            }) as Arc<dyn Fn(Event) + Send + Sync>
+        });
+        let run = arrival.run(tool_use, sink, &interrupt);
+        tokio::pin!(run);
+        let result = tokio::select! {
+            biased;
+            result = &mut run => result,
+            () = cancelled.cancelled() => {
+                interrupt.interrupt();
+                run.await
+            }
+        };
+        if let Some(progress) = progress {
+            progress.finish().await;
+        }
+        result
+    }
+}
+
+impl ServerHandler for Server {
+    fn get_info(&self) -> ServerConfig {
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+            .with_server_info(Implementation::new("keel", env!("CARGO_PKG_VERSION")))
+            .with_instructions(
+                "Each tool runs as a WebAssembly component in a fresh sandbox with access to the \
+                 workspace only.",
+            )
+    }
+
+    async fn list_tools(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<ListToolsResult, ErrorData> {
+        Ok(ListToolsResult::with_all_items(self.tools.to_vec()))
+    }
+
+    async fn call_tool(
+        &self,
+        request: CallToolRequestParams,
+        mut context: RequestContext<RoleServer>,
+    ) -> Result<CallToolResponse, ErrorData> {
+        let arrival = context.extensions.remove::<Arrival>().unwrap_or_else(|| self.stream.arrive());
+        let id = format!("mcp-{}", arrival.number());
+        tracing::debug!(request = %context.id, tool_use_id = %id, tool = %request.name, "call received");
+        let input = Value::Object(request.arguments.unwrap_or_default());
+        let tool_use = ToolUse::new(id, request.name.as_ref(), input);
+        let progress = context
+            .meta
+            .get_progress_token()
+            .map(|token| ProgressForwarder::start(context.peer.clone(), token));
+        let result = self.call(tool_use, arrival, &context.ct, progress).await;
+        let content = vec![ContentBlock::text(result.content)];
+        let result =
+            if result.is_error { CallToolResult::error(content) } else { CallToolResult::success(content) };
+        Ok(result.into())
+    }
+}
+
+/// The pool as the model sees it, as MCP tools.
+fn mcp_tools(host: &Host, grants: &Grants) -> Vec<rmcp::model::Tool> {
+    let pool = host.pool();
+    pool.entries()
+        .iter()
+        .map(|entry| entry.tool.spec())
+        .filter(|spec| !pool.is_deferred(spec))
+        .map(|spec| mcp_tool(spec, grants))
+        .collect()
+}
+
+/// One tool: name, the description a model reads, the input schema, and
+/// the annotations keel can vouch for whatever the input.
+fn mcp_tool(spec: &ToolSpec, grants: &Grants) -> rmcp::model::Tool {
+    let schema: JsonObject = match &spec.input_schema {
+        Value::Object(schema) => schema.clone(),
+        // A schema such as `true` accepts anything; MCP wants an object.
+        _ => JsonObject::from_iter([("type".to_string(), Value::from("object"))]),
+    };
+    let mut tool = rmcp::model::Tool::new(spec.name.clone(), model_description(spec), Arc::new(schema));
+    if spec.user_facing_name != spec.name {
+        tool = tool.with_title(spec.user_facing_name.clone());
+    }
+    if let Some(annotations) = annotations(spec, grants) {
+        tool = tool.with_annotations(annotations);
+    }
+    tool
+}
+
+/// Hints that hold for every call of the tool because the sandbox enforces
+/// them, not because the tool claims them: a plugin has no network, so its
+/// world is closed; a plugin granted no write access anywhere is read-only.
+/// What a tool says about one input (`plan`, `is-destructive`, …)
+/// has no place here: MCP hints are per tool, and when left out MCP assumes
+/// the conservative answer, as keel does.
+fn annotations(spec: &ToolSpec, grants: &Grants) -> Option<ToolAnnotations> {
+    let ToolOrigin::Plugin { .. } = spec.origin else { return None };
+    let grant = grants.for_tool(&spec.name);
+    let writes = grant.workspace_access == Access::ReadWrite
+        || grant.dirs.iter().any(|dir| dir.access == Access::ReadWrite);
+    let annotations = ToolAnnotations::new().open_world(false);
+    Some(if writes { annotations } else { annotations.read_only(true) })
+}
+
+/// Sends a call's progress reports to the client as
+/// `notifications/progress`, in order, numbering them 1, 2, 3, ….
+struct ProgressForwarder {
+    sender: mpsc::UnboundedSender<Option<Value>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl ProgressForwarder {
+    fn start(peer: Peer<RoleServer>, token: ProgressToken) -> Self {
+        let (sender, mut reports) = mpsc::unbounded_channel::<Option<Value>>();
+        let task = tokio::spawn(async move {
+            let mut count = 0u32;
+            while let Some(Some(data)) = reports.recv().await {
+                count += 1;
+                let message = match data {
+                    Value::String(text) => text,
+                    other => other.to_string(),
+                };
+                let notification =
+                    ProgressNotificationParam::new(token.clone(), f64::from(count)).with_message(message);
+                if let Err(error) = peer.notify_progress(notification).await {
+                    tracing::debug!("failed to send a progress notification: {error}");
+                }
+            }
+        });
+        ProgressForwarder { sender, task }
+    }
+
+    /// Send what is still queued, then stop: the call's result goes out
+    /// after its last progress notification.
+    async fn finish(self) {
+        let _ = self.sender.send(None);
+        let _ = self.task.await;
+    }
+}
+
+/// `--events`: every call's events as JSON lines, written as they happen.
+struct EventLog {
+    file: Mutex<std::io::LineWriter<std::fs::File>>,
+    path: PathBuf,
+}
+
+impl EventLog {
+    fn create(path: &std::path::Path) -> Result<Self> {
+        let file = std::fs::File::create(path)
+            .with_context(|| format!("failed to create events file {}", path.display()))?;
+        Ok(EventLog { file: Mutex::new(std::io::LineWriter::new(file)), path: path.to_path_buf() })
+    }
+
+    fn write(&self, event: &Event) {
+        let mut line = serde_json::to_vec(event).expect("events serialize");
+        line.push(b'\n');
+        let mut file = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Err(error) = file.write_all(&line) {
+            tracing::warn!("failed to write to events file {}: {error}", self.path.display());
+        }
+    }
+}

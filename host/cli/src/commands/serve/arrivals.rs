@@ -1,0 +1,65 @@
+//! The arrival order of `tools/call` requests, taken where it is known.
+//!
+//! rmcp hands each request to the server on a task of its own, and tasks
+//! start in no particular order; only the transport sees requests in the
+//! order the client sent them. So the transport gives each `tools/call` its
+//! place in the host's [`CallStream`] as it is read, an [`Arrival`] in the
+//! request's extensions, and the handler takes it from there. A request rmcp
+//! refuses before it reaches the handler drops its arrival, which withdraws
+//! it.
+//!
+//! [`Arrival`]: keel_host::Arrival
+
+use std::borrow::Cow;
+
+use rmcp::RoleServer;
+use rmcp::model::{ClientRequest, JsonRpcMessage, JsonRpcRequest};
+use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
+use rmcp::transport::Transport;
+
+use keel_host::CallStream;
+
+/// A server transport that stamps each `tools/call` with its arrival.
+pub struct Arrivals<T> {
+    inner: T,
+    stream: CallStream,
+}
+
+impl<T> Arrivals<T> {
+    /// Stamp the requests `inner` reads with arrivals in `stream`.
+    pub fn new(inner: T, stream: CallStream) -> Self {
+        Arrivals { inner, stream }
+    }
+}
+
+impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
+    type Error = T::Error;
+
+    fn name() -> Cow<'static, str> {
+        T::name()
+    }
+
+    fn send(
+        &mut self,
+        item: TxJsonRpcMessage<RoleServer>,
+    ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.inner.send(item)
+    }
+
+    async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        // Cancel-safe as the inner `receive` is: the arrival is taken only
+        // once a whole message was read.
+        let mut message = self.inner.receive().await?;
+        if let JsonRpcMessage::Request(JsonRpcRequest {
+            request: ClientRequest::CallToolRequest(call), ..
+        }) = &mut message
+        {
+            call.extensions.insert(self.stream.arrive());
+        }
+        Some(message)
+    }
+
+    fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
+        self.inner.close()
+    }
+}

@@ -1,0 +1,69 @@
+//! `keel test`: run golden batch fixtures.
+
+use std::path::PathBuf;
+
+use anyhow::{Result, bail};
+use clap::Args;
+use keel_cli::fixture::{self, Case};
+
+use super::run::HostArgs;
+
+/// Arguments of `keel test`.
+#[derive(Args)]
+pub struct TestArgs {
+    #[command(flatten)]
+    host: HostArgs,
+    /// Rewrite each case's expectations with what it produced (also
+    /// `KEEL_BLESS=1`).
+    #[arg(long)]
+    bless: bool,
+    /// A fixture case, or a directory of cases.
+    #[arg(value_name = "DIR")]
+    dir: PathBuf,
+}
+
+/// Run every case; print a diff for each one that differs, and fail.
+pub fn run(args: &TestArgs) -> Result<()> {
+    if args.host.workspace.is_some() {
+        bail!("each fixture case runs in a copy of its own `workspace/`; --workspace does not apply");
+    }
+    if args.host.config.is_some() {
+        bail!("each fixture case uses its own `keel.toml`; --config does not apply");
+    }
+    let cases = fixture::discover(&args.dir)?;
+    if cases.is_empty() {
+        bail!("no fixture cases in {} (a case is a directory holding batch.json)", args.dir.display());
+    }
+    let bless = args.bless || fixture::bless_requested();
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let mut failed = Vec::new();
+    for case in &cases {
+        match runtime.block_on(run_case(case, &args.host, bless)) {
+            Ok(None) => println!("ok      {}", case.name),
+            Ok(Some(diff)) => {
+                println!("FAILED  {}\n{diff}", case.name);
+                failed.push(&case.name);
+            }
+            Err(error) => {
+                println!("FAILED  {}: {error:#}", case.name);
+                failed.push(&case.name);
+            }
+        }
+    }
+    println!("\n{} passed, {} failed", cases.len() - failed.len(), failed.len());
+    if !failed.is_empty() {
+        println!("to accept the new output: KEEL_BLESS=1 keel test {}", args.dir.display());
+        bail!("{} fixture case(s) failed", failed.len());
+    }
+    Ok(())
+}
+
+/// Run one case: `None` when it matches (or was blessed), else the diff.
+async fn run_case(case: &Case, host: &HostArgs, bless: bool) -> Result<Option<String>> {
+    let produced = case.run(host.builder_without_config()?).await?;
+    if bless {
+        case.bless(&produced)?;
+        return Ok(None);
+    }
+    Ok(case.compare(&produced).err())
+}

@@ -1,0 +1,330 @@
+//! Golden batch fixtures: a batch in, the exact `tool_result` message and
+//! event trace out, compared byte for byte.
+//!
+//! A case is a directory holding:
+//!
+//! | file | what |
+//! |---|---|
+//! | `batch.json` | the batch, as for `keel run` |
+//! | `workspace/` | copied to a fresh directory the case runs in (optional) |
+//! | `keel.toml` | the host configuration for the case (optional) |
+//! | `case.toml` | how to drive the case (optional): `interrupt_on_progress = "<tool_use id>"` interrupts the batch at that call's first progress report; `[[generate]]` tables (`path`, `line`, `lines`) write files of `lines` copies of `line` into the workspace, for cases that need megabytes without committing them |
+//! | `expected.json` | the user message of `tool_result` blocks |
+//! | `events.jsonl` | the event trace, one JSON object a line |
+//!
+//! The trace is normalized so it does not depend on timing: events are
+//! grouped by call in batch order (a call's own events keep their order), and
+//! each group's results follow its calls.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+use serde_json::Value;
+
+use keel_host::batch::{parse_batch_bytes, user_message};
+use keel_host::config::Config;
+use keel_host::{Error, Event, HostBuilder, Result};
+
+/// The environment variable that makes a fixture run rewrite expectations.
+pub const BLESS_VAR: &str = "KEEL_BLESS";
+
+const BATCH: &str = "batch.json";
+const EXPECTED_MESSAGE: &str = "expected.json";
+const EXPECTED_EVENTS: &str = "events.jsonl";
+
+/// One fixture case.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Case {
+    /// The case's name: its directory's name.
+    pub name: String,
+    /// Its directory.
+    pub dir: PathBuf,
+}
+
+/// How to drive a case, from its `case.toml`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Driver {
+    /// Interrupt the batch when this call first reports progress.
+    interrupt_on_progress: Option<String>,
+    /// Files to write into the workspace before the run.
+    #[serde(default)]
+    generate: Vec<Generated>,
+}
+
+/// A file a case writes into its workspace: `lines` copies of `line`.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Generated {
+    path: PathBuf,
+    line: String,
+    lines: usize,
+}
+
+/// What a case produced.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Produced {
+    /// The user message, pretty JSON with a final newline.
+    pub message: String,
+    /// The normalized event trace, one JSON object a line.
+    pub events: String,
+}
+
+/// The cases under `dir`: `dir` itself when it holds a `batch.json`, else
+/// each subdirectory that does, sorted by name.
+pub fn discover(dir: &Path) -> Result<Vec<Case>> {
+    let case = |dir: &Path| Case {
+        name: dir.file_name().map_or_else(|| dir.display().to_string(), |n| n.to_string_lossy().into_owned()),
+        dir: dir.to_path_buf(),
+    };
+    if dir.join(BATCH).is_file() {
+        return Ok(vec![case(dir)]);
+    }
+    let entries = std::fs::read_dir(dir).map_err(|error| Error::io("read", dir, error))?;
+    let mut cases = Vec::new();
+    for entry in entries {
+        let path = entry.map_err(|error| Error::io("read", dir, error))?.path();
+        if path.join(BATCH).is_file() {
+            cases.push(case(&path));
+        }
+    }
+    cases.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(cases)
+}
+
+impl Case {
+    /// Run the case with a host from `builder` (plugins, cache), in a fresh
+    /// copy of its workspace, under its own `keel.toml` when it has one.
+    pub async fn run(&self, builder: HostBuilder) -> Result<Produced> {
+        let batch_path = self.dir.join(BATCH);
+        let bytes = std::fs::read(&batch_path).map_err(|error| Error::io("read", &batch_path, error))?;
+        let (config, _) = Config::discover(None, &self.dir)?;
+        let max_input = config.limits.apply(keel_host::Limits::default()).input;
+        let uses = parse_batch_bytes(&bytes, &batch_path.display().to_string(), max_input)?;
+        let driver = self.driver()?;
+        let workspace =
+            tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+        let source = self.dir.join("workspace");
+        if source.is_dir() {
+            copy_tree(&source, workspace.path())?;
+        }
+        for file in &driver.generate {
+            let path = workspace.path().join(&file.path);
+            if let Some(parent) = path.parent() {
+                std::fs::create_dir_all(parent).map_err(|error| Error::io("create", parent, error))?;
+            }
+            let contents = format!("{}\n", file.line).repeat(file.lines);
+            std::fs::write(&path, contents).map_err(|error| Error::io("write", &path, error))?;
+        }
+        let host = builder.workspace(workspace.path()).config(config).build().await?;
+
+        let mut run = host.start_batch(uses, keel_host::context::initial());
+        let interrupter = run.interrupter();
+        let mut events = Vec::new();
+        while let Some(event) = run.next_event().await {
+            if let (Some(target), Event::Progress { tool_use_id, .. }) =
+                (&driver.interrupt_on_progress, &event)
+                && target == tool_use_id
+            {
+                interrupter.interrupt();
+            }
+            events.push(event);
+        }
+        let outcome = run.finish().await;
+        let message = pretty(&user_message(&outcome.results));
+        let events = normalize(&events).iter().map(|event| to_line(event) + "\n").collect();
+        Ok(Produced { message, events })
+    }
+
+    fn driver(&self) -> Result<Driver> {
+        let path = self.dir.join("case.toml");
+        if !path.is_file() {
+            return Ok(Driver::default());
+        }
+        let text = std::fs::read_to_string(&path).map_err(|error| Error::io("read", &path, error))?;
+        toml::from_str(&text).map_err(|error| Error::Config { path, reason: error.message().to_string() })
+    }
+
+    /// Compare with the expectations on disk: `Ok` when both match, else a
+    /// unified diff of each file that differs (a missing file counts as empty).
+    pub fn compare(&self, produced: &Produced) -> std::result::Result<(), String> {
+        let mut report = String::new();
+        for (file, actual) in [(EXPECTED_MESSAGE, &produced.message), (EXPECTED_EVENTS, &produced.events)] {
+            let path = self.dir.join(file);
+            let expected = std::fs::read_to_string(&path).unwrap_or_default();
+            if &expected != actual {
+                let diff = similar::TextDiff::from_lines(expected.as_str(), actual.as_str());
+                let shown = path.display().to_string();
+                report.push_str(&diff.unified_diff().context_radius(3).header(&shown, "actual").to_string());
+            }
+        }
+        if report.is_empty() { Ok(()) } else { Err(report) }
+    }
+
+    /// Write `produced` as the case's expectations, atomically.
+    pub fn bless(&self, produced: &Produced) -> Result<()> {
+        for (file, contents) in [(EXPECTED_MESSAGE, &produced.message), (EXPECTED_EVENTS, &produced.events)] {
+            let path = self.dir.join(file);
+            keel_host::fs::write_atomically(&path, contents.as_bytes())
+                .map_err(|error| Error::io("write", &path, error))?;
+        }
+        Ok(())
+    }
+}
+
+/// Whether `KEEL_BLESS` asks to rewrite expectations (any value but empty
+/// or `0`).
+pub fn bless_requested() -> bool {
+    std::env::var(BLESS_VAR).is_ok_and(|value| !value.is_empty() && value != "0")
+}
+
+/// Order a run's events so they do not depend on timing: the plan; then for
+/// each group, each call's events in batch order followed by the group's
+/// results in batch order; then everything after the last result.
+pub fn normalize(events: &[Event]) -> Vec<Event> {
+    let groups: Vec<Vec<String>> = events
+        .iter()
+        .find_map(|event| match event {
+            Event::BatchPlan { batches } => {
+                Some(batches.iter().map(|group| group.tool_use_ids.clone()).collect())
+            }
+            _ => None,
+        })
+        .unwrap_or_default();
+    let mut ordered: Vec<Event> =
+        events.iter().filter(|event| matches!(event, Event::BatchPlan { .. })).cloned().collect();
+    for group in &groups {
+        for id in group {
+            ordered.extend(call_events(events, id, Stage::Running));
+        }
+        for id in group {
+            ordered.extend(call_events(events, id, Stage::Result));
+        }
+    }
+    for id in groups.iter().flatten() {
+        ordered.extend(call_events(events, id, Stage::Replaced));
+    }
+    ordered.extend(
+        events
+            .iter()
+            .filter(|event| event.tool_use_id().is_none() && !matches!(event, Event::BatchPlan { .. }))
+            .cloned(),
+    );
+    ordered
+}
+
+/// Where an event about one call belongs in a normalized trace.
+#[derive(PartialEq)]
+enum Stage {
+    /// Started, progress, finished: with the call, inside its group.
+    Running,
+    /// Its result: after every call of the group.
+    Result,
+    /// A per-message replacement: after every result of the batch.
+    Replaced,
+}
+
+fn stage(event: &Event) -> Stage {
+    match event {
+        Event::ToolResult { .. } => Stage::Result,
+        Event::ToolResultReplaced { .. } => Stage::Replaced,
+        _ => Stage::Running,
+    }
+}
+
+/// The events of call `id` at `wanted` stage, in their own order.
+fn call_events<'a>(events: &'a [Event], id: &'a str, wanted: Stage) -> impl Iterator<Item = Event> + 'a {
+    events.iter().filter(move |event| event.tool_use_id() == Some(id) && stage(event) == wanted).cloned()
+}
+
+fn pretty(value: &Value) -> String {
+    serde_json::to_string_pretty(value).expect("JSON values serialize") + "\n"
+}
+
+fn to_line(event: &Event) -> String {
+    serde_json::to_string(event).expect("events serialize")
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    let entries = std::fs::read_dir(from).map_err(|error| Error::io("read", from, error))?;
+    for entry in entries {
+        let entry = entry.map_err(|error| Error::io("read", from, error))?;
+        let (source, target) = (entry.path(), to.join(entry.file_name()));
+        if source.is_dir() {
+            std::fs::create_dir_all(&target).map_err(|error| Error::io("create", &target, error))?;
+            copy_tree(&source, &target)?;
+        } else {
+            std::fs::copy(&source, &target).map_err(|error| Error::io("copy", &source, error))?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use keel_host::events::PlannedGroup;
+
+    fn started(id: &str) -> Event {
+        Event::CallStarted { tool_use_id: id.into(), tool: "sleep".into(), activity: None }
+    }
+    fn progress(id: &str, step: u32) -> Event {
+        Event::Progress { tool_use_id: id.into(), data: json!({ "step": step }) }
+    }
+    fn finished(id: &str) -> Event {
+        Event::CallFinished { tool_use_id: id.into(), is_error: false }
+    }
+    fn result(id: &str) -> Event {
+        Event::ToolResult { tool_use_id: id.into(), content: id.into(), is_error: false }
+    }
+
+    #[test]
+    fn normalizing_removes_the_finishing_order_but_keeps_each_calls_own_order() {
+        let plan = Event::BatchPlan {
+            batches: vec![
+                PlannedGroup { concurrent: true, tool_use_ids: vec!["a".into(), "b".into()] },
+                PlannedGroup { concurrent: false, tool_use_ids: vec!["c".into()] },
+            ],
+        };
+        let done = Event::BatchFinished { calls: 3, errors: 0, interrupted: false };
+        let b_first = [
+            plan.clone(),
+            started("a"),
+            started("b"),
+            progress("b", 1),
+            progress("a", 1),
+            progress("b", 2),
+            finished("b"),
+            finished("a"),
+            result("a"),
+            result("b"),
+            started("c"),
+            finished("c"),
+            result("c"),
+            done.clone(),
+        ];
+        let expected = vec![
+            plan,
+            started("a"),
+            progress("a", 1),
+            finished("a"),
+            started("b"),
+            progress("b", 1),
+            progress("b", 2),
+            finished("b"),
+            result("a"),
+            result("b"),
+            started("c"),
+            finished("c"),
+            result("c"),
+            done,
+        ];
+        assert_eq!(normalize(&b_first), expected);
+        let mut a_first = b_first.to_vec();
+        a_first.swap(6, 7);
+        a_first.swap(1, 2);
+        assert_eq!(normalize(&a_first), expected);
+    }
+}

@@ -1,0 +1,79 @@
+//! `keel`: run sandboxed agent tools from the command line.
+
+use std::process::ExitCode;
+use std::time::Instant;
+
+use clap::{Parser, Subcommand};
+
+mod commands;
+mod prompter;
+
+/// Sandboxes are made on one worker thread and often dropped on another:
+/// glibc malloc takes the first thread's arena lock for such a free, so two
+/// workers contend on it; mimalloc frees across threads without a lock.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// A WebAssembly plugin host for third-party agent tools.
+#[derive(Parser)]
+#[command(name = "keel", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure keel's per-call cost, throughput and memory against baselines.
+    Bench(commands::bench::BenchArgs),
+    /// Run a batch of tool calls and print the tool_result message.
+    Run(commands::run::RunArgs),
+    /// Run golden batch fixtures and compare their output byte for byte.
+    Test(commands::test::TestArgs),
+    /// Print the tool definitions exactly as an agent sends them to a model.
+    List(commands::list::ListArgs),
+    /// Serve the tools over the Model Context Protocol on stdin and stdout.
+    Serve(commands::serve::ServeArgs),
+    /// Show one plugin as keel sees it: metadata, schema, answers, grants.
+    Inspect(commands::inspect::InspectArgs),
+    /// Create a tool crate that builds, tests and runs out of the box.
+    New(commands::new::NewArgs),
+}
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    // A trap or a limit in a plugin is a wasmtime error, made on the call's
+    // path; where `RUST_BACKTRACE` is set, each would capture a host
+    // backtrace nobody reads. Library backtraces stay off unless asked for
+    // by name; a panic still prints its own.
+    if std::env::var_os("RUST_LIB_BACKTRACE").is_none() {
+        // SAFETY: no other thread has started yet.
+        unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
+    }
+    init_logging();
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Bench(args) => commands::bench::run(&args, started),
+        Command::Run(args) => commands::run::run(&args),
+        Command::Test(args) => commands::test::run(&args),
+        Command::List(args) => commands::list::run(&args),
+        Command::Serve(args) => commands::serve::run(&args),
+        Command::Inspect(args) => commands::inspect::run(&args),
+        Command::New(args) => commands::new::run(&args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Logs go to stderr, so stdout carries only the command's output. The level
+/// comes from `KEEL_LOG` (as in `RUST_LOG`); warnings by default.
+fn init_logging() {
+    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
+}

@@ -1,0 +1,554 @@
+//! `keel serve` as an MCP client sees it: a real child process on stdio.
+//!
+//! Most tests drive it with the rmcp client. Those about the wire itself (a
+//! burst of requests, the order calls arrive in) write JSON-RPC lines
+//! themselves: a client library may reorder or pace what it sends, and these
+//! tests must know the exact bytes and their order.
+
+use std::collections::BTreeMap;
+use std::ffi::OsString;
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, Stdio};
+use std::time::Duration;
+
+use rmcp::model::{
+    CallToolRequestParams, CallToolResult, ClientRequest, ProgressNotificationParam, Request, ServerResult,
+};
+use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
+use rmcp::transport::TokioChildProcess;
+use rmcp::{ClientHandler, RoleClient, ServiceExt as _};
+use serde_json::{Value, json};
+use tokio::sync::mpsc;
+
+/// The example tools bundled with keel, by tool name.
+const TOOLS: [&str; 6] = ["cd", "echo", "grep", "hash", "sleep", "write_file"];
+
+fn bundled(tool: &str) -> PathBuf {
+    let path = Path::new(env!("KEEL_BUNDLED_TOOLS_DIR")).join(format!("keel_tool_{tool}.wasm"));
+    assert!(path.is_file(), "{} was not built", path.display());
+    path
+}
+
+/// `keel <command>` over the bundled tools and `extra` plugins.
+fn keel_args(command: &str, extra: &[PathBuf], flags: &[&str]) -> Vec<OsString> {
+    let mut args = vec![OsString::from(command)];
+    for plugin in TOOLS.iter().map(|tool| bundled(tool)).chain(extra.iter().cloned()) {
+        args.push("--plugins".into());
+        args.push(plugin.into());
+    }
+    args.extend(flags.iter().map(OsString::from));
+    args
+}
+
+fn keel_command(workspace: &Path, args: &[OsString]) -> std::process::Command {
+    let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .args(args)
+        .current_dir(workspace)
+        .env("KEEL_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache"))
+        .env_remove("KEEL_MAX_TOOL_USE_CONCURRENCY")
+        .env_remove("KEEL_LOG");
+    command
+}
+
+/// Where a child's stderr goes: a file beside the workspace, shown when a
+/// test fails.
+fn stderr_file(workspace: &Path) -> std::fs::File {
+    std::fs::File::create(workspace.with_extension("stderr")).unwrap()
+}
+
+/// Progress notifications, as the client received them.
+#[derive(Clone)]
+struct Recorder(mpsc::UnboundedSender<ProgressNotificationParam>);
+
+impl ClientHandler for Recorder {
+    async fn on_progress(
+        &self,
+        params: ProgressNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        let _ = self.0.send(params);
+    }
+}
+
+type Client = RunningService<RoleClient, Recorder>;
+
+/// `keel serve` in `workspace`, connected to an rmcp client.
+async fn client(
+    workspace: &Path,
+    extra: &[PathBuf],
+    flags: &[&str],
+) -> (Client, mpsc::UnboundedReceiver<ProgressNotificationParam>) {
+    let command = tokio::process::Command::from(keel_command(workspace, &keel_args("serve", extra, flags)));
+    let (transport, _) = TokioChildProcess::builder(command)
+        .stderr(stderr_file(workspace))
+        .spawn()
+        .expect("keel serve starts");
+    let (sender, progress) = mpsc::unbounded_channel();
+    let client = Recorder(sender).serve(transport).await.expect("the MCP session initializes");
+    (client, progress)
+}
+
+async fn call(client: &Client, tool: &str, arguments: Value) -> CallToolResult {
+    let Value::Object(arguments) = arguments else { panic!("arguments are an object") };
+    client
+        .call_tool(CallToolRequestParams::new(tool.to_string()).with_arguments(arguments))
+        .await
+        .unwrap_or_else(|error| panic!("{tool} got no result: {error}"))
+}
+
+/// The text of a result, and whether it is an error.
+fn text(result: &CallToolResult) -> (&str, bool) {
+    let [block] = result.content.as_slice() else { panic!("one content block: {result:?}") };
+    (block.as_text().expect("a text block").text.as_str(), result.is_error == Some(true))
+}
+
+fn ok(text: &str) -> (&str, bool) {
+    (text, false)
+}
+
+fn error(text: &str) -> (&str, bool) {
+    (text, true)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lists_the_pool_as_keel_list_does_with_the_annotations_keel_enforces() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("keel.toml"), "[plugins.grep]\naccess = \"read-only\"\n").unwrap();
+    let listed = keel_command(workspace.path(), &keel_args("list", &[], &[])).output().unwrap();
+    assert!(listed.status.success(), "{}", String::from_utf8_lossy(&listed.stderr));
+    let definitions: Vec<Value> = serde_json::from_slice(&listed.stdout).unwrap();
+
+    let (client, _) = client(workspace.path(), &[], &[]).await;
+    let server = client.peer_info().expect("the server introduced itself");
+    assert_eq!(server.server_info.as_ref().map(|info| info.name.as_str()), Some("keel"));
+    let tools: Vec<Value> = client
+        .list_all_tools()
+        .await
+        .unwrap()
+        .iter()
+        .map(|tool| serde_json::to_value(tool).unwrap())
+        .collect();
+
+    let names: Vec<&str> = tools.iter().map(|tool| tool["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["Read", "cd", "echo", "grep", "hash", "sleep", "write_file"], "the pool's order");
+    assert_eq!(tools.len(), definitions.len());
+    for (tool, definition) in tools.iter().zip(&definitions) {
+        assert_eq!(tool["name"], definition["name"]);
+        assert_eq!(tool["description"], definition["description"], "{}", tool["name"]);
+        assert_eq!(tool["inputSchema"], definition["input_schema"], "{}", tool["name"]);
+    }
+    let annotations: BTreeMap<&str, &Value> =
+        tools.iter().map(|tool| (tool["name"].as_str().unwrap(), &tool["annotations"])).collect();
+    assert_eq!(annotations["Read"], &Value::Null, "a built-in gets no hints it cannot enforce");
+    assert_eq!(annotations["grep"], &json!({ "readOnlyHint": true, "openWorldHint": false }));
+    assert_eq!(annotations["write_file"], &json!({ "openWorldHint": false }));
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn calls_each_example_tool_and_the_context_carries_from_call_to_call() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("a.txt"), "alpha\nbeta\n").unwrap();
+    std::fs::create_dir(workspace.path().join("sub")).unwrap();
+    let (client, _) = client(workspace.path(), &[], &[]).await;
+
+    assert_eq!(text(&call(&client, "echo", json!({ "text": "héllo" })).await), ok("héllo"));
+    assert_eq!(text(&call(&client, "grep", json!({ "pattern": "bet" })).await), ok("a.txt:2:beta\n"));
+    assert_eq!(
+        text(&call(&client, "hash", json!({ "text": "abc" })).await),
+        ok("ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad")
+    );
+    assert_eq!(text(&call(&client, "sleep", json!({ "ms": 5 })).await), ok("Slept 5 ms"));
+    assert_eq!(
+        text(&call(&client, "cd", json!({ "path": "sub" })).await),
+        ok("Working directory is now /sub")
+    );
+    assert_eq!(
+        text(&call(&client, "write_file", json!({ "file_path": "x.txt", "content": "x" })).await),
+        ok("Wrote 1 byte to sub/x.txt"),
+        "the cd of the call before applies"
+    );
+    assert_eq!(std::fs::read_to_string(workspace.path().join("sub/x.txt")).unwrap(), "x");
+    assert_eq!(text(&call(&client, "Read", json!({ "file_path": "x.txt" })).await), ok("     1\tx\n"));
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_over_budget_is_persisted_in_a_session_directory_of_this_server() {
+    let workspace = tempfile::tempdir().unwrap();
+    let (client, _) = client(workspace.path(), &[], &[]).await;
+    let long = "x".repeat(60_000);
+    let result = call(&client, "echo", json!({ "text": long })).await;
+    let (shown, is_error) = text(&result);
+    assert!(!is_error);
+    let prefix = "<persisted-output>\nOutput too large (60000 chars, 60000 bytes). Full output saved to: ";
+    let path = shown.strip_prefix(prefix).unwrap_or_else(|| panic!("{}", &shown[..200]));
+    let path = &path[..path.find('\n').unwrap()];
+    let session = path.strip_prefix(".keel/session/mcp-").unwrap();
+    assert!(session.ends_with("/tool-results/mcp-0.txt"), "{path}");
+    assert_eq!(std::fs::read_to_string(workspace.path().join(path)).unwrap(), long);
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_fails_is_an_error_result_and_the_server_goes_on() {
+    let workspace = tempfile::tempdir().unwrap();
+    let (client, _) = client(workspace.path(), &[], &[]).await;
+    assert_eq!(
+        text(&call(&client, "echo", json!({ "text": 5 })).await),
+        error("Invalid input for echo: /text: 5 is not of type \"string\" (rule: type)")
+    );
+    assert_eq!(
+        text(&call(&client, "sleep", json!({ "ms": 1, "steps": 0 })).await),
+        error("Invalid input for sleep: `steps` must be at least 1")
+    );
+    assert_eq!(text(&call(&client, "ech", json!({})).await), error("No such tool: ech. Did you mean echo?"));
+    assert_eq!(text(&call(&client, "echo", json!({ "text": "still here" })).await), ok("still here"));
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_over_the_input_cap_is_refused_as_a_batch_refuses_it() {
+    let workspace = tempfile::tempdir().unwrap();
+    let (client, _) = client(workspace.path(), &[], &[]).await;
+    let text_of = "x".repeat(12 << 20);
+    let size = json!({ "text": text_of }).to_string().len();
+    assert_eq!(
+        text(&call(&client, "echo", json!({ "text": text_of })).await),
+        error(&format!(
+            "Invalid input for echo: input size limit of 4 MiB exceeded: the input is {size} bytes"
+        ))
+    );
+    assert_eq!(text(&call(&client, "echo", json!({ "text": "still here" })).await), ok("still here"));
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hostile_plugin_fails_only_its_own_calls() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("keel.toml"), "[limits]\nfuel = 200_000_000\n").unwrap();
+    let hostile = keel_tests::guest("keel_guest_hostile");
+    let (client, _) = client(workspace.path(), &[hostile], &[]).await;
+
+    let panicked = call(&client, "hostile", json!({ "act": "panic" })).await;
+    let (panicked, is_error) = text(&panicked);
+    assert!(is_error);
+    assert!(
+        panicked.starts_with("hostile failed: the tool crashed: ")
+            && panicked.contains("hostile: panicking in call as asked"),
+        "{panicked}"
+    );
+    assert_eq!(
+        text(&call(&client, "hostile", json!({ "act": "loop" })).await),
+        error("hostile failed: fuel limit of 200000000 units exceeded")
+    );
+    assert_eq!(text(&call(&client, "echo", json!({ "text": "fine" })).await), ok("fine"));
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn progress_notifications_arrive_as_the_tool_reports_them() {
+    let workspace = tempfile::tempdir().unwrap();
+    let (client, mut progress) = client(workspace.path(), &[], &[]).await;
+    let request = CallToolRequestParams::new("sleep")
+        .with_arguments(json!({ "ms": 900, "steps": 3 }).as_object().unwrap().clone());
+    let handle = client
+        .send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(request)),
+            PeerRequestOptions::no_options(),
+        )
+        .await
+        .unwrap();
+    let token = handle.progress_token.clone();
+    let response = handle.await_response();
+    tokio::pin!(response);
+    let first = tokio::select! {
+        first = progress.recv() => first.unwrap(),
+        response = &mut response => panic!("the result came before any progress: {response:?}"),
+    };
+    let response = response.await.unwrap();
+    let ServerResult::CallToolResult(result) = response else { panic!("a tool result: {response:?}") };
+    assert_eq!(text(&result), ok("Slept 900 ms"));
+
+    let mut reports = vec![first];
+    while reports.len() < 3 {
+        let next = tokio::time::timeout(Duration::from_secs(5), progress.recv()).await;
+        reports.push(next.expect("three reports").unwrap());
+    }
+    let seen: Vec<(f64, Option<&str>)> =
+        reports.iter().map(|report| (report.progress, report.message.as_deref())).collect();
+    assert_eq!(
+        seen,
+        [
+            (1.0, Some(r#"{"step":1,"steps":3}"#)),
+            (2.0, Some(r#"{"step":2,"steps":3}"#)),
+            (3.0, Some(r#"{"step":3,"steps":3}"#)),
+        ]
+    );
+    assert!(reports.iter().all(|report| report.progress_token == token), "each names the request's token");
+    client.cancel().await.unwrap();
+}
+
+/// Every event the server wrote to its `--events` file.
+fn read_events(path: &Path) -> Vec<Value> {
+    std::fs::read_to_string(path).unwrap().lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+}
+
+/// The result keel gave call `id`, from its events.
+fn result_of<'a>(events: &'a [Value], id: &str) -> &'a Value {
+    let mut results =
+        events.iter().filter(|event| event["type"] == "tool_result" && event["tool_use_id"] == id);
+    let result = results.next().unwrap_or_else(|| panic!("no result for {id}"));
+    assert!(results.next().is_none(), "one result for {id}");
+    result
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_call_stops_if_its_tool_allows_and_a_waiting_one_never_starts() {
+    let workspace = tempfile::tempdir().unwrap();
+    let events = workspace.path().join("events.jsonl");
+    let hostile = keel_tests::guest("keel_guest_hostile");
+    let events_flag = events.to_str().unwrap();
+    let (client, mut progress) = client(workspace.path(), &[hostile], &["--events", events_flag]).await;
+    let send = |tool: &str, arguments: Value| {
+        let request = CallToolRequestParams::new(tool.to_string())
+            .with_arguments(arguments.as_object().unwrap().clone());
+        client.send_cancellable_request(
+            ClientRequest::CallToolRequest(Request::new(request)),
+            PeerRequestOptions::no_options(),
+        )
+    };
+
+    // A running `cancel` tool stops: `sleep` would take 20 s.
+    let sleeping = send("sleep", json!({ "ms": 20_000, "steps": 200 })).await.unwrap();
+    progress.recv().await.expect("the sleep is running");
+    sleeping.cancel(Some("changed my mind".into())).await.unwrap();
+    // `write_file` is not concurrency-safe: it runs once the sleep has ended.
+    let write = call(&client, "write_file", json!({ "file_path": "w", "content": "w" }));
+    let written = tokio::time::timeout(Duration::from_secs(10), write).await;
+    assert_eq!(text(&written.expect("the write does not wait out the 20 s")), ok("Wrote 1 byte to w"));
+
+    // A call waiting for its turn never starts: `hostile` sleeps alone for a
+    // second, `write_file` waits behind it and is cancelled while it waits.
+    // The pauses keep the three messages in this order on the wire.
+    let alone = send("hostile", json!({ "act": "sleep", "secs": 1 })).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let waiting = send("write_file", json!({ "file_path": "queued.txt", "content": "no" })).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    waiting.cancel(None).await.unwrap();
+    let ServerResult::CallToolResult(slept) = alone.await_response().await.unwrap() else { panic!() };
+    assert_eq!(text(&slept), ok("slept 1 s"));
+    assert_eq!(text(&call(&client, "echo", json!({ "text": "after" })).await), ok("after"));
+    client.cancel().await.unwrap();
+
+    assert!(!workspace.path().join("queued.txt").exists(), "the cancelled call never ran");
+    let events = read_events(&events);
+    assert_eq!(
+        result_of(&events, "mcp-0"),
+        &json!({
+            "type": "tool_result",
+            "tool_use_id": "mcp-0",
+            "content": "Interrupted: the call was stopped before it finished.",
+            "is_error": true
+        })
+    );
+    assert_eq!(
+        result_of(&events, "mcp-3"),
+        &json!({
+            "type": "tool_result",
+            "tool_use_id": "mcp-3",
+            "content": "Interrupted: the call was not started.",
+            "is_error": true
+        })
+    );
+    let started: Vec<&str> = events
+        .iter()
+        .filter(|event| event["type"] == "call_started")
+        .map(|event| event["tool_use_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(started, ["mcp-0", "mcp-1", "mcp-2", "mcp-4"], "the waiting call never started");
+}
+
+/// `keel serve` spoken to in raw JSON-RPC lines.
+struct Raw {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Raw {
+    fn start(workspace: &Path, flags: &[&str]) -> Raw {
+        let mut child = keel_command(workspace, &keel_args("serve", &[], flags))
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(stderr_file(workspace))
+            .spawn()
+            .unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let (sender, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                if sender.send(line.unwrap()).is_err() {
+                    break;
+                }
+            }
+        });
+        let stdin = child.stdin.take();
+        let mut raw = Raw { child, stdin, lines };
+        raw.send_all(&[
+            json!({ "jsonrpc": "2.0", "id": "init", "method": "initialize", "params": {
+                "protocolVersion": "2025-06-18",
+                "capabilities": {},
+                "clientInfo": { "name": "raw", "version": "0" }
+            }}),
+            json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }),
+        ]);
+        let answer = raw.next();
+        assert_eq!(answer["id"], "init", "{answer}");
+        assert_eq!(answer["result"]["serverInfo"]["name"], "keel");
+        raw
+    }
+
+    /// Write `messages` as one burst of lines.
+    fn send_all(&mut self, messages: &[Value]) {
+        let mut bytes = Vec::new();
+        for message in messages {
+            serde_json::to_writer(&mut bytes, message).unwrap();
+            bytes.push(b'\n');
+        }
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(&bytes).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The next line from stdout, which must be a JSON-RPC message.
+    fn next(&self) -> Value {
+        let line = self.lines.recv_timeout(Duration::from_secs(60)).expect("the server answers");
+        let message: Value = serde_json::from_str(&line).unwrap_or_else(|_| panic!("not JSON: {line}"));
+        assert_eq!(message["jsonrpc"], "2.0", "stdout carries protocol only: {line}");
+        message
+    }
+
+    /// Close stdin; the server must exit cleanly, saying nothing more.
+    fn close(mut self) {
+        drop(self.stdin.take());
+        let status = self.child.wait().unwrap();
+        assert!(status.success(), "keel serve exited with {status}");
+        assert!(self.lines.recv().is_err(), "nothing after the last answer");
+    }
+}
+
+fn tools_call(id: usize, tool: &str, arguments: &Value) -> Value {
+    json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": { "name": tool, "arguments": arguments } })
+}
+
+/// The result text of a `tools/call` answer, and whether it is an error.
+fn raw_text(answer: &Value) -> (&str, bool) {
+    let result = &answer["result"];
+    (
+        result["content"][0]["text"].as_str().unwrap_or_else(|| panic!("a result: {answer}")),
+        result["isError"] == true,
+    )
+}
+
+#[test]
+fn a_thousand_requests_written_at_once_are_each_answered_exactly_once() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(workspace.path(), &[]);
+    let requests: Vec<Value> =
+        (0..1000).map(|id| tools_call(id, "echo", &json!({ "text": format!("request {id}") }))).collect();
+    raw.send_all(&requests);
+    let mut answered = BTreeMap::new();
+    while answered.len() < 1000 {
+        let answer = raw.next();
+        let id = answer["id"].as_u64().unwrap_or_else(|| panic!("an answer to a call: {answer}"));
+        let text = raw_text(&answer);
+        assert_eq!(text, (format!("request {id}").as_str(), false));
+        assert!(answered.insert(id, ()).is_none(), "request {id} was answered twice");
+    }
+    assert_eq!(answered.keys().copied().collect::<Vec<_>>(), (0..1000).collect::<Vec<u64>>());
+    raw.close();
+}
+
+#[test]
+fn fifty_concurrent_calls_overlap_under_the_cap_and_unsafe_ones_run_alone_in_arrival_order() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("keel.toml"), "max_tool_use_concurrency = 4\n").unwrap();
+    let events = workspace.path().join("events.jsonl");
+    let mut raw = Raw::start(workspace.path(), &["--events", events.to_str().unwrap()]);
+    // Five sleeps (concurrency-safe), then a write (not), ten times over.
+    let is_write = |id: usize| id % 6 == 5;
+    let requests: Vec<Value> = (0..50)
+        .map(|id| match is_write(id) {
+            true => {
+                tools_call(id, "write_file", &json!({ "file_path": "log.txt", "content": id.to_string() }))
+            }
+            false => tools_call(id, "sleep", &json!({ "ms": 300 })),
+        })
+        .collect();
+    raw.send_all(&requests);
+    for _ in 0..50 {
+        let answer = raw.next();
+        let id = answer["id"].as_u64().unwrap() as usize;
+        let expected = if is_write(id) {
+            format!("Wrote {} to log.txt", if id < 10 { "1 byte" } else { "2 bytes" })
+        } else {
+            "Slept 300 ms".into()
+        };
+        assert_eq!(raw_text(&answer), (expected.as_str(), false), "call {id}");
+    }
+    raw.close();
+    assert_eq!(
+        std::fs::read_to_string(workspace.path().join("log.txt")).unwrap(),
+        "47",
+        "the writes in order"
+    );
+
+    // Tickets follow arrival: call `mcp-<n>` is request n.
+    let (mut started, mut finished) = (BTreeMap::new(), BTreeMap::new());
+    let (mut now, mut most) = (0, 0);
+    for (at, event) in read_events(&events).iter().enumerate() {
+        let id: usize = event["tool_use_id"].as_str().unwrap()["mcp-".len()..].parse().unwrap();
+        match event["type"].as_str().unwrap() {
+            "call_started" => {
+                started.insert(id, at);
+                now += 1;
+                most = most.max(now);
+            }
+            "call_finished" => {
+                finished.insert(id, at);
+                now -= 1;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!((started.len(), finished.len()), (50, 50));
+    assert_eq!(most, 4, "safe calls overlap, never more than the cap");
+    for write in (0..50).filter(|&id| is_write(id)) {
+        for before in 0..write {
+            assert!(finished[&before] < started[&write], "call {before} ends before write {write} starts");
+        }
+        for after in write + 1..50 {
+            assert!(finished[&write] < started[&after], "write {write} ends before call {after} starts");
+        }
+    }
+}
+
+#[test]
+fn a_missing_plugin_path_is_refused_saying_what_to_pass() {
+    let workspace = tempfile::tempdir().unwrap();
+    let output =
+        keel_command(workspace.path(), &["serve".into(), "--plugins".into(), "tools/nope.wasm".into()])
+            .stdin(Stdio::null())
+            .output()
+            .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty(), "nothing but protocol on stdout");
+    assert_eq!(
+        String::from_utf8(output.stderr).unwrap(),
+        "error: no plugin at tools/nope.wasm; pass a tool's .wasm component or a directory of them \
+         (cargo puts them in target/wasm32-wasip2/release/)\n"
+    );
+}

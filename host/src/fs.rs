@@ -1,0 +1,64 @@
+//! Files written whole or not at all: the one atomic-write helper of the
+//! compile cache, persisted results and golden fixtures.
+
+use std::io::{self, Write as _};
+use std::path::{Path, PathBuf};
+
+/// Write `contents` to `path` so that readers see the old file, or the whole
+/// new one, never a part, and a crash leaves no part under `path`: a hidden
+/// temporary file beside it (`.<name>.<random>.tmp`), synced, then renamed
+/// over it. The parent directory is created when missing.
+pub fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
+    Staged::new(path, contents, true)?.commit()
+}
+
+/// [`write_atomically`] without the sync: running readers still see the old
+/// file or the whole new one, but a crash may leave the file empty, partial
+/// or missing, so only for files whose readers treat that as absent (the
+/// compile cache's index and answers).
+pub(crate) fn replace_unsynced(path: &Path, contents: &[u8]) -> io::Result<()> {
+    Staged::new(path, contents, false)?.commit()
+}
+
+/// Contents written under a temporary name beside their target. Dropped
+/// without [`Staged::commit`] (an error, a panic), the temporary file is
+/// removed.
+pub(crate) struct Staged {
+    temp: tempfile::NamedTempFile,
+    target: PathBuf,
+}
+
+impl Staged {
+    /// Write `contents` to a hidden temporary file beside `target`, synced
+    /// when `sync` is true; nothing changes under `target` until
+    /// [`Staged::commit`].
+    pub(crate) fn new(target: &Path, contents: &[u8], sync: bool) -> io::Result<Self> {
+        let dir = match target.parent() {
+            Some(dir) if !dir.as_os_str().is_empty() => dir,
+            _ => Path::new("."),
+        };
+        std::fs::create_dir_all(dir)?;
+        let name = target.file_name().map_or_else(Default::default, |name| name.to_string_lossy());
+        let mut temp =
+            tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir)?;
+        temp.write_all(contents)?;
+        if sync {
+            temp.as_file().sync_all()?;
+        }
+        Ok(Staged { temp, target: target.to_path_buf() })
+    }
+
+    /// Rename the temporary file to its target, replacing any file there. A
+    /// rename within one directory is atomic: a reader sees the old file or
+    /// the whole new one.
+    pub(crate) fn commit(self) -> io::Result<()> {
+        self.temp.persist(&self.target).map_err(|error| error.error)?;
+        Ok(())
+    }
+
+    /// Where the contents wait for [`Staged::commit`].
+    #[cfg(test)]
+    pub(crate) fn temp_path(&self) -> &Path {
+        self.temp.path()
+    }
+}

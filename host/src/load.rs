@@ -1,0 +1,19 @@
+//! Loading: the one wasmtime engine and its compile cache, the bindings
+//! generated from `wit/`, the sandbox of one call with its grants and limits,
+//! and plugins, which put a component behind the host's [`Tool`] trait.
+//!
+//! wasmtime stays in this room: nothing outside it names a wasmtime type.
+//!
+//! [`Tool`]: crate::tool::Tool
+
+pub(crate) mod bindings;
+pub(crate) mod engine;
+#[doc(hidden)]
+pub mod floor;
+pub(crate) mod grants;
+pub(crate) mod plugin;
+pub(crate) mod sandbox;
+
+pub use self::engine::{Runtime, default_cache_dir};
+pub use self::grants::{Access, DirGrant, Grants, PluginGrant, PluginsConfig};
+pub use self::plugin::{LoadReport, PluginTool, plugin_files};

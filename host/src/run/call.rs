@@ -1,0 +1,193 @@
+//! One call, step by step: resolve the name, check the input against the
+//! schema, ask the per-input questions (planning), then at its turn ask the
+//! tool's own `check` (validation, then its permission decision), then the host's
+//! [permission rules](crate::permissions), and run it.
+
+use serde_json::Value;
+
+use crate::batch::{ToolResult, ToolUse};
+use crate::limits::{BatchFuel, LimitKind, human_bytes};
+use crate::permissions::PendingCall;
+use crate::pool::{PoolEntry, ToolPool};
+use crate::run::interrupt::Interrupt;
+use crate::tool::{CallContext, CallError, InterruptBehavior, Invocation, PermissionDecision};
+
+/// The result text of a call that never started because of an interrupt.
+pub const NOT_STARTED: &str = "Interrupted: the call was not started.";
+/// The result text of a running call stopped by an interrupt.
+pub const STOPPED: &str = "Interrupted: the call was stopped before it finished.";
+
+/// A call whose tool and input are known good, planned but not yet run.
+pub struct Prepared {
+    /// The id of its `tool_use`.
+    pub id: String,
+    /// The tool's name.
+    pub name: String,
+    /// Whether it may run beside other safe calls: its input passed the
+    /// schema and `plan` said so without trapping.
+    pub concurrency_safe: bool,
+    interrupt: InterruptBehavior,
+    invocation: Box<dyn Invocation>,
+}
+
+/// Plan one call: resolve it, refuse it when its tool needs a person and the
+/// run has no one to ask (`requires-user-interaction`), hold its input to
+/// `max_input` bytes of JSON text and to the schema, and ask whether it is
+/// concurrency-safe. An `Err` is the call's result.
+pub async fn prepare(
+    pool: &ToolPool,
+    tool_use: &ToolUse,
+    fuel: Option<&BatchFuel>,
+    max_input: usize,
+) -> Result<Prepared, ToolResult> {
+    let fail = |message: String| ToolResult::error(&tool_use.id, message);
+    let Some(entry) = pool.get(&tool_use.name) else {
+        return Err(fail(unknown_tool(pool, &tool_use.name)));
+    };
+    let spec = entry.tool.spec();
+    if spec.requires_user_interaction && !pool.permissions().is_interactive() {
+        return Err(fail(format!(
+            "{} needs a person to interact with, and this run has no one to ask",
+            spec.name
+        )));
+    }
+    let input = tool_use
+        .input
+        .as_ref()
+        .map_err(|reason| fail(format!("Invalid input for {}: {reason}", spec.name)))?;
+    let size = json_size(input);
+    if size > max_input {
+        let limit = format!("{} of {} exceeded", LimitKind::Input, human_bytes(max_input));
+        return Err(fail(format!("Invalid input for {}: {limit}: the input is {size} bytes", spec.name)));
+    }
+    check_schema(entry, input).map_err(&fail)?;
+    let mut invocation =
+        entry.tool.invoke(input.clone()).await.map_err(|error| fail(call_failed(&spec.name, &error)))?;
+    if let Some(fuel) = fuel {
+        invocation.share_batch_fuel(fuel.clone());
+    }
+    let concurrency_safe = invocation.is_concurrency_safe().await;
+    Ok(Prepared {
+        id: tool_use.id.clone(),
+        name: spec.name.clone(),
+        concurrency_safe,
+        interrupt: spec.interrupt,
+        invocation,
+    })
+}
+
+impl Prepared {
+    /// A short phrase for a progress display.
+    pub async fn activity(&mut self) -> Option<String> {
+        self.invocation.activity_description().await
+    }
+
+    /// At the call's turn: the tool's own validation, then its permission
+    /// check (only when validation passed) and the host's rules, then the
+    /// call itself. An interrupt stops a `cancel` call; a `block` call runs
+    /// to its end.
+    pub async fn run(
+        mut self,
+        pool: &ToolPool,
+        cx: CallContext,
+        interrupt: &Interrupt,
+    ) -> (ToolResult, Option<Value>) {
+        let fail = |message: String| (ToolResult::error(&self.id, message), None);
+        let name = self.name.clone();
+        if let Err(reason) = self.invocation.validate_input().await {
+            return fail(format!("Invalid input for {name}: {reason}"));
+        }
+        let tool_asks = match self.invocation.check_permissions().await {
+            PermissionDecision::Allow(None) => None,
+            PermissionDecision::Allow(Some(updated)) => {
+                let entry = pool.get(&name).expect("a prepared call's tool is in the pool");
+                if let Err(reason) = check_schema(entry, &updated) {
+                    return fail(reason);
+                }
+                self.invocation.set_input(updated);
+                None
+            }
+            PermissionDecision::Deny(message) => {
+                return fail(format!("Permission to use {name} denied: {message}"));
+            }
+            PermissionDecision::Ask(message) => Some(message),
+        };
+        if let Err(message) = authorize(pool, &name, &mut *self.invocation, tool_asks, interrupt).await {
+            return fail(message);
+        }
+        let call = self.invocation.call(cx);
+        let outcome = match self.interrupt {
+            InterruptBehavior::Block => call.await,
+            InterruptBehavior::Cancel => tokio::select! {
+                outcome = call => outcome,
+                () = interrupt.interrupted() => return fail(STOPPED.into()),
+            },
+        };
+        match outcome {
+            Ok(output) => (ToolResult::ok(&self.id, output.content), output.context_modifier),
+            Err(error) => fail(call_failed(&name, &error)),
+        }
+    }
+}
+
+/// The host's permission rules on top of the tool's own answer (see
+/// [`crate::permissions`]); the tool is asked for its permission subject only
+/// when a rule or a prompt wants it. A call waiting for approval that is
+/// interrupted never starts.
+async fn authorize(
+    pool: &ToolPool,
+    name: &str,
+    invocation: &mut dyn Invocation,
+    tool_asks: Option<String>,
+    interrupt: &Interrupt,
+) -> Result<(), String> {
+    let spec = pool.get(name).expect("a prepared call's tool is in the pool").tool.spec();
+    let permissions = pool.permissions();
+    let subject = if permissions.wants_subject(spec, tool_asks.is_some()) {
+        invocation.permission_subject().await
+    } else {
+        None
+    };
+    let call = PendingCall { spec, input: invocation.input(), subject, tool_asks };
+    tokio::select! {
+        biased;
+        verdict = permissions.authorize(call) => verdict,
+        () = interrupt.interrupted() => Err(NOT_STARTED.into()),
+    }
+}
+
+/// The bytes of `value` as compact JSON text, counted, not kept.
+fn json_size(value: &Value) -> usize {
+    struct Count(usize);
+    impl std::io::Write for Count {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0 += bytes.len();
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let mut count = Count(0);
+    serde_json::to_writer(&mut count, value).expect("a JSON value serializes");
+    count.0
+}
+
+fn check_schema(entry: &PoolEntry, input: &Value) -> Result<(), String> {
+    let name = &entry.tool.spec().name;
+    entry.schema.check(input).map_err(|reason| format!("Invalid input for {name}: {reason}"))
+}
+
+fn unknown_tool(pool: &ToolPool, name: &str) -> String {
+    match pool.close_names(name).as_slice() {
+        [] => format!("No such tool: {name}"),
+        close => format!("No such tool: {name}. Did you mean {}?", close.join(", ")),
+    }
+}
+
+fn call_failed(name: &str, error: &CallError) -> String {
+    match error {
+        CallError::Tool(message) => message.clone(),
+        other => format!("{name} failed: {other}"),
+    }
+}

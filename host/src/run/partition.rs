@@ -1,0 +1,205 @@
+//! Cutting calls into runs that may go in parallel and calls that must go
+//! alone (README, "How a batch runs"), in its two forms: [`partition`], the
+//! plan of a whole batch, a pure function of each call's safety; and
+//! [`Admission`], the same rule kept live as calls start and finish, with the
+//! shared context their modifiers change. A batch and a stream of calls
+//! arriving one at a time (`keel serve`) both start their calls through it.
+
+use std::ops::Range;
+use std::sync::Arc;
+
+use serde::Serialize;
+use serde_json::Value;
+
+use crate::events::PlannedGroup;
+use crate::run::context;
+
+/// One group of the plan: a run of concurrency-safe calls, or one call that
+/// must run alone.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Group {
+    /// Whether the calls may overlap.
+    pub concurrent: bool,
+    /// The calls, as positions in the batch.
+    pub calls: Range<usize>,
+}
+
+impl Group {
+    /// The group as an event names it: by the `tool_use` ids of its calls,
+    /// of a batch whose ids are `ids`.
+    pub(crate) fn planned(&self, ids: &[String]) -> PlannedGroup {
+        PlannedGroup { concurrent: self.concurrent, tool_use_ids: ids[self.calls.clone()].to_vec() }
+    }
+}
+
+/// Walk the calls in order: a safe call joins the previous group when that
+/// group is safe; anything else starts a new group. The result alternates
+/// runs of safe calls with single unsafe calls.
+pub fn partition(safe: &[bool]) -> Vec<Group> {
+    let mut groups: Vec<Group> = Vec::new();
+    for (index, &safe) in safe.iter().enumerate() {
+        match groups.last_mut() {
+            Some(last) if safe && last.concurrent => last.calls.end = index + 1,
+            _ => groups.push(Group { concurrent: safe, calls: index..index + 1 }),
+        }
+    }
+    groups
+}
+
+/// The partition rule, live: which call may start now, and the context it
+/// sees. Calls ask in their order, the oldest waiting call first; a caller
+/// asks for the next only once the one before it started.
+///
+/// A safe call joins the run in flight, if any, while fewer than `cap` calls
+/// run and no call runs alone; any other call starts only when nothing runs,
+/// and then runs alone. Calls of one run all see the context as it was when
+/// the run began; their modifiers are queued and applied, in the calls'
+/// order, when the run ends ([`Admission::close_run`]); the modifier of a
+/// call that ran alone applies as it finishes, so the next call sees it.
+pub(crate) struct Admission {
+    cap: usize,
+    running: usize,
+    /// Whether the call running is one that runs alone.
+    alone: bool,
+    /// The concurrent run in flight, if any.
+    run: Option<ConcurrentRun>,
+    /// The shared context, up to the last run that ended.
+    context: Value,
+}
+
+/// A concurrent run: the context its calls see, and their modifiers by the
+/// calls' positions.
+struct ConcurrentRun {
+    snapshot: Arc<Value>,
+    queued: Vec<(u64, Value)>,
+}
+
+impl Admission {
+    /// At most `cap` calls of a run at once (at least one), from `context`.
+    pub(crate) fn new(cap: usize, context: Value) -> Self {
+        Admission { cap: cap.max(1), running: 0, alone: false, run: None, context }
+    }
+
+    /// Start the oldest waiting call, safe or not, if the rule lets it start
+    /// now: the context it runs with, or `None` while it must wait.
+    pub(crate) fn start(&mut self, safe: bool) -> Option<Arc<Value>> {
+        if self.alone {
+            return None;
+        }
+        let context = if safe {
+            if self.running >= self.cap {
+                return None;
+            }
+            let context = &self.context;
+            let run = self.run.get_or_insert_with(|| ConcurrentRun {
+                snapshot: Arc::new(context.clone()),
+                queued: Vec::new(),
+            });
+            run.snapshot.clone()
+        } else {
+            if self.running > 0 {
+                return None;
+            }
+            self.close_run();
+            self.alone = true;
+            Arc::new(self.context.clone())
+        };
+        self.running += 1;
+        Some(context)
+    }
+
+    /// The call at `position` (in the calls' order) finished with
+    /// `modifier`: applied now if it ran alone, else queued for the end of
+    /// its run.
+    pub(crate) fn finish(&mut self, position: u64, modifier: Option<Value>) {
+        self.running -= 1;
+        if std::mem::take(&mut self.alone) {
+            if let Some(patch) = &modifier {
+                context::apply(&mut self.context, patch);
+            }
+        } else if let (Some(run), Some(patch)) = (&mut self.run, modifier) {
+            run.queued.push((position, patch));
+        }
+    }
+
+    /// Whether no call runs.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.running == 0
+    }
+
+    /// End the concurrent run, if one was in flight: apply its queued
+    /// modifiers in the calls' order. Later safe calls start a new run.
+    pub(crate) fn close_run(&mut self) {
+        if let Some(mut run) = self.run.take() {
+            run.queued.sort_by_key(|&(position, _)| position);
+            for (_, patch) in run.queued {
+                context::apply(&mut self.context, &patch);
+            }
+        }
+    }
+
+    /// The shared context, with every closed run's modifiers applied.
+    pub(crate) fn context(&self) -> &Value {
+        &self.context
+    }
+
+    /// The shared context, taken once the last run is closed.
+    pub(crate) fn take_context(&mut self) -> Value {
+        std::mem::take(&mut self.context)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    fn group(concurrent: bool, calls: Range<usize>) -> Group {
+        Group { concurrent, calls }
+    }
+
+    #[test]
+    fn safe_runs_alternate_with_single_unsafe_calls() {
+        assert_eq!(
+            partition(&[true, true, false, false, true, false, true, true, true]),
+            [
+                group(true, 0..2),
+                group(false, 2..3),
+                group(false, 3..4),
+                group(true, 4..5),
+                group(false, 5..6),
+                group(true, 6..9),
+            ]
+        );
+        assert_eq!(partition(&[]), []);
+    }
+
+    proptest! {
+        #[test]
+        fn the_plan_is_a_partition_in_order(safe in proptest::collection::vec(any::<bool>(), 0..200)) {
+            let groups = partition(&safe);
+            let flattened: Vec<usize> = groups.iter().flat_map(|g| g.calls.clone()).collect();
+            prop_assert_eq!(flattened, (0..safe.len()).collect::<Vec<_>>());
+        }
+
+        #[test]
+        fn no_group_of_two_or_more_holds_an_unsafe_call(safe in proptest::collection::vec(any::<bool>(), 0..200)) {
+            for group in partition(&safe) {
+                if group.calls.len() >= 2 {
+                    prop_assert!(group.concurrent);
+                    prop_assert!(safe[group.calls.clone()].iter().all(|&s| s));
+                }
+                prop_assert_eq!(group.concurrent, safe[group.calls.start]);
+            }
+        }
+
+        #[test]
+        fn no_two_adjacent_groups_are_both_safe(safe in proptest::collection::vec(any::<bool>(), 0..200)) {
+            let groups = partition(&safe);
+            for pair in groups.windows(2) {
+                prop_assert!(!(pair[0].concurrent && pair[1].concurrent));
+            }
+        }
+    }
+}

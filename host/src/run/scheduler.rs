@@ -1,0 +1,647 @@
+//! Running a batch (README, "How a batch runs"): plan every call, cut the batch into runs
+//! of concurrency-safe calls and single unsafe calls, run each run with at
+//! most `cap` calls in flight and each unsafe call alone, and hand back
+//! exactly one result per `tool_use`, in order.
+
+use std::borrow::Cow;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+use crate::batch::{ToolResult, ToolUse};
+use crate::budget::ledger::Ledger;
+use crate::budget::{Budget, Threshold};
+use crate::events::Event;
+use crate::events::summary::{self, Summarizer, SummaryCall};
+use crate::limits::BatchFuel;
+use crate::pool::ToolPool;
+use crate::run::call::{self, NOT_STARTED, Prepared};
+use crate::run::context;
+pub use crate::run::interrupt::Interrupt;
+use crate::run::partition::{Admission, partition};
+use crate::tool::CallContext;
+
+/// The default concurrency cap, and what a non-numeric or zero setting means.
+pub const DEFAULT_MAX_TOOL_USE_CONCURRENCY: usize = 10;
+
+/// Calls planned ahead of the first call still waiting to start: twice the
+/// cap, and at least this. A planned call holds a live sandbox until it
+/// runs, so the window bounds them: enough to refill every slot of the cap,
+/// few enough to stay warm in the caches (a window of 64 ran 1,000 safe calls
+/// 15% slower than one of 16). A batch no longer than the window is planned
+/// whole before its first call starts.
+const MIN_PLANNING_WINDOW: usize = 16;
+
+/// Calls planned ahead of the first not yet started, under `cap`: see
+/// [`MIN_PLANNING_WINDOW`].
+pub(crate) fn planning_window(cap: usize) -> usize {
+    (2 * cap.max(1)).max(MIN_PLANNING_WINDOW)
+}
+
+/// The concurrency cap: `configured` when set and positive, else
+/// `KEEL_MAX_TOOL_USE_CONCURRENCY`, else 10. A non-numeric or zero value
+/// means 10.
+pub fn max_tool_use_concurrency(configured: Option<usize>) -> usize {
+    match configured {
+        Some(cap) if cap > 0 => cap,
+        _ => parse_cap(std::env::var("KEEL_MAX_TOOL_USE_CONCURRENCY").ok().as_deref()),
+    }
+}
+
+fn parse_cap(value: Option<&str>) -> usize {
+    value
+        .and_then(|text| text.trim().parse::<usize>().ok())
+        .filter(|&cap| cap > 0)
+        .unwrap_or(DEFAULT_MAX_TOOL_USE_CONCURRENCY)
+}
+
+/// How a batch runs.
+#[derive(Clone)]
+pub struct RunOptions {
+    /// Calls of one concurrency-safe run in flight at once.
+    pub cap: usize,
+    /// Fuel the whole batch may burn, shared by its calls; `None`: no batch
+    /// allowance beyond each call's own.
+    pub batch_fuel: Option<u64>,
+    /// The most bytes of JSON text one call's input may hold
+    /// ([`Limits::input`](crate::Limits::input)).
+    pub max_input: usize,
+    /// The result budgets.
+    pub budget: Budget,
+    /// Every budget decision so far, shared by the batches of a session;
+    /// `None` keeps none (see [`HostBuilder::without_ledger`]).
+    ///
+    /// [`HostBuilder::without_ledger`]: crate::HostBuilder::without_ledger
+    pub ledger: Option<Arc<tokio::sync::Mutex<Ledger>>>,
+    /// Labels each batch once it finished.
+    pub summarizer: Arc<dyn Summarizer>,
+}
+
+impl RunOptions {
+    /// The per-message budget over `results`, by the ledger, or with none
+    /// kept.
+    pub(crate) async fn per_message(&self, results: &mut [ToolResult], thresholds: &[Threshold]) {
+        match &self.ledger {
+            Some(ledger) => self.budget.per_message(results, thresholds, &mut *ledger.lock().await).await,
+            None => self.budget.per_message(results, thresholds, &mut Ledger::new()).await,
+        }
+    }
+}
+
+/// What running a batch produced.
+#[derive(Clone, Debug, PartialEq)]
+pub struct BatchOutcome {
+    /// One result per `tool_use`, in the order of the batch.
+    pub results: Vec<ToolResult>,
+    /// The shared context after every modifier was applied.
+    pub context: Value,
+}
+
+/// Where a batch's events go.
+#[derive(Clone)]
+pub(crate) enum Events {
+    /// To a reader of the batch, who may stop listening.
+    Channel(mpsc::UnboundedSender<Event>),
+    /// To a function, called as each event happens.
+    Sink(Arc<dyn Fn(Event) + Send + Sync>),
+    /// Nowhere: nobody reads them.
+    Nobody,
+}
+
+impl Events {
+    /// Whether nobody reads events (any more).
+    fn is_closed(&self) -> bool {
+        match self {
+            Events::Channel(sender) => sender.is_closed(),
+            Events::Sink(_) => false,
+            Events::Nobody => true,
+        }
+    }
+}
+
+pub(crate) fn emit(events: &Events, event: Event) {
+    match events {
+        // A caller that stopped listening still gets its outcome.
+        Events::Channel(sender) => {
+            let _ = sender.send(event);
+        }
+        Events::Sink(sink) => sink(event),
+        Events::Nobody => {}
+    }
+}
+
+/// [`emit`] an event built only when someone listens: a batch run for its
+/// outcome alone spares the copies an event holds.
+fn emit_with(events: &Events, event: impl FnOnce() -> Event) {
+    if !events.is_closed() {
+        emit(events, event());
+    }
+}
+
+/// Run `uses` from `context`; events go to `events` as they happen.
+///
+/// Planning (which instantiates each call's sandbox and asks its `plan`)
+/// runs ahead of execution by a window of twice the cap (at least 16 calls), so every
+/// call instantiates its tool once, and a long batch holds a bounded number
+/// of sandboxes. The `batch_plan` event goes out once every call is planned:
+/// before the first call starts, unless the batch is longer than the window.
+pub(crate) async fn run(
+    pool: Arc<ToolPool>,
+    uses: Cow<'_, [ToolUse]>,
+    context: Value,
+    options: Arc<RunOptions>,
+    events: Events,
+    interrupt: Interrupt,
+) -> BatchOutcome {
+    let thresholds: Vec<Threshold> =
+        uses.iter().map(|tool_use| options.budget.threshold_in(&pool, &tool_use.name)).collect();
+    if uses.len() > 1 {
+        // The batch's tasks share the calls; a batch handed over whole is
+        // not copied for them.
+        let uses: Arc<[ToolUse]> = uses.into_owned().into();
+        let (results, context) =
+            run_many(&pool, uses.clone(), context, &options, &thresholds, &events, &interrupt).await;
+        return finish(&uses, results, &thresholds, context, &options, &events, &interrupt).await;
+    }
+    let (results, context) = match uses.first() {
+        // Nothing to plan or run: no task would ever report the batch done.
+        None => {
+            emit_with(&events, || Event::BatchPlan { batches: Vec::new() });
+            (Vec::new(), context)
+        }
+        Some(tool_use) => {
+            let (result, context) =
+                run_alone(&pool, tool_use, context, &options, thresholds[0], &events, &interrupt).await;
+            (vec![result], context)
+        }
+    };
+    finish(&uses, results, &thresholds, context, &options, &events, &interrupt).await
+}
+
+/// A batch of one call: planned, then run at once, with no partition to
+/// keep and no order to restore.
+async fn run_alone(
+    pool: &Arc<ToolPool>,
+    tool_use: &ToolUse,
+    context: Value,
+    options: &RunOptions,
+    threshold: Threshold,
+    events: &Events,
+    interrupt: &Interrupt,
+) -> (ToolResult, Value) {
+    let fuel = options.batch_fuel.map(BatchFuel::new);
+    let call = call::prepare(pool, tool_use, fuel.as_ref(), options.max_input).await;
+    emit_with(events, || {
+        let safe = [matches!(&call, Ok(call) if call.concurrency_safe)];
+        let ids = std::slice::from_ref(&tool_use.id);
+        Event::BatchPlan { batches: partition(&safe).iter().map(|group| group.planned(ids)).collect() }
+    });
+    let shared = Arc::new(context);
+    let (result, modifier) =
+        run_call(pool, call, shared.clone(), &options.budget, threshold, events, interrupt).await;
+    emit_with(events, || Event::tool_result(&result));
+    // The call's own copy is gone by now: the context is taken back whole.
+    let mut context = Arc::unwrap_or_clone(shared);
+    if let Some(patch) = modifier {
+        context::apply(&mut context, &patch);
+    }
+    (result, context)
+}
+
+/// A batch of any length: see [`Batch`].
+async fn run_many(
+    pool: &Arc<ToolPool>,
+    uses: Arc<[ToolUse]>,
+    context: Value,
+    options: &RunOptions,
+    thresholds: &[Threshold],
+    events: &Events,
+    interrupt: &Interrupt,
+) -> (Vec<ToolResult>, Value) {
+    let cap = options.cap.max(1);
+    let ids: Vec<String> = uses.iter().map(|tool_use| tool_use.id.clone()).collect();
+    let count = uses.len();
+    let batch = Arc::new(Batch {
+        pool: pool.clone(),
+        uses,
+        events: events.clone(),
+        interrupt: interrupt.clone(),
+        budget: options.budget.clone(),
+        thresholds: thresholds.to_vec(),
+        fuel: options.batch_fuel.map(BatchFuel::new),
+        max_input: options.max_input,
+        window: planning_window(cap),
+        state: Mutex::new(State {
+            calls: (0..count).map(|_| Slot::Unplanned).collect(),
+            safe: vec![false; count],
+            planning: 0,
+            planned: 0,
+            started: false,
+            next: 0,
+            admission: Admission::new(cap, context),
+            results: OrderedResults::new(ids),
+            finished: 0,
+        }),
+        done: tokio::sync::Notify::new(),
+    });
+    let plans = batch.lock().plan_ahead(&batch);
+    batch.spawn(Vec::new(), plans);
+    batch.done.notified().await;
+    let mut state = batch.lock();
+    state.admission.close_run();
+    let results = std::mem::replace(&mut state.results, OrderedResults::new(Vec::new()));
+    (results.into_results(), state.admission.take_context())
+}
+
+/// The end of every batch: the per-message budget over all its results,
+/// `batch_finished`, and a label made off the critical path.
+async fn finish(
+    uses: &[ToolUse],
+    mut results: Vec<ToolResult>,
+    thresholds: &[Threshold],
+    context: Value,
+    options: &RunOptions,
+    events: &Events,
+    interrupt: &Interrupt,
+) -> BatchOutcome {
+    // What was streamed, to announce what the per-message budget replaces.
+    let streamed = (!events.is_closed()).then(|| results.clone());
+    options.per_message(&mut results, thresholds).await;
+    for (sent, kept) in streamed.iter().flatten().zip(&results) {
+        if sent.content != kept.content {
+            let (tool_use_id, content) = (kept.tool_use_id.clone(), kept.content.clone());
+            emit(events, Event::ToolResultReplaced { tool_use_id, content });
+        }
+    }
+    let errors = results.iter().filter(|result| result.is_error).count();
+    emit(
+        events,
+        Event::BatchFinished { calls: results.len(), errors, interrupted: interrupt.is_interrupted() },
+    );
+
+    // Off the critical path: the outcome is handed back now, and the label
+    // follows as an event whenever (and if ever) it is ready. Nobody
+    // listening, nothing to label.
+    if events.is_closed() {
+        return BatchOutcome { results, context };
+    }
+    let calls =
+        uses.iter().zip(&results).map(|(tool_use, result)| SummaryCall::new(tool_use, result)).collect();
+    let labelling = summary::spawn(options.summarizer.clone(), calls, summary::DEFAULT_SUMMARY_TIMEOUT);
+    let events = events.clone();
+    tokio::spawn(async move {
+        if let Ok(Some(summary)) = labelling.await {
+            emit(&events, Event::Summary { tool_use_ids: summary.tool_use_ids, label: summary.label });
+        }
+    });
+    BatchOutcome { results, context }
+}
+
+/// A batch being run, shared by the tasks that run it.
+///
+/// Every call is a task that plans it and then, when the call's turn has
+/// come, runs it; a task that finishes a call goes on with the next call
+/// whose turn it is, and hands any others it can start to tasks of their
+/// own. Nothing waits on a coordinator: the state below decides, under one
+/// lock, which calls may start.
+///
+/// The partition ([`crate::run::partition`]) is made as calls are planned, in order: a
+/// safe call joins the run in flight, if there is one, and starts once
+/// fewer than `cap` calls run; any other call waits for the run to finish
+/// and then runs alone. Calls of one run all see the context as it was when
+/// the run began; their modifiers are queued and applied when it ends, in
+/// the batch's order, so the final context does not depend on which call
+/// finished first. Planning runs at most a window ahead of the first call
+/// not yet started ([`MIN_PLANNING_WINDOW`]).
+struct Batch {
+    pool: Arc<ToolPool>,
+    uses: Arc<[ToolUse]>,
+    events: Events,
+    interrupt: Interrupt,
+    budget: Budget,
+    thresholds: Vec<Threshold>,
+    fuel: Option<BatchFuel>,
+    max_input: usize,
+    /// Calls planned ahead: see [`MIN_PLANNING_WINDOW`].
+    window: usize,
+    state: Mutex<State>,
+    /// Signalled once every call has its result.
+    done: tokio::sync::Notify,
+}
+
+/// Where a call is.
+enum Slot {
+    /// Not yet planned.
+    Unplanned,
+    /// Being planned by a task.
+    Planning,
+    /// Planned, waiting for its turn.
+    Waiting(Result<Prepared, ToolResult>),
+    /// Started (or finished).
+    Started,
+}
+
+struct State {
+    calls: Vec<Slot>,
+    /// Whether each planned call is concurrency-safe.
+    safe: Vec<bool>,
+    /// Calls whose planning was handed to a task: `0..planning`.
+    planning: usize,
+    /// Calls planned so far.
+    planned: usize,
+    /// Whether calls may start: once the window is full or every call is
+    /// planned, so that a batch no longer than the window is planned whole
+    /// (and its `batch_plan` sent) before its first call starts.
+    started: bool,
+    /// The first call not yet started.
+    next: usize,
+    /// Which call may start now, and the context it sees.
+    admission: Admission,
+    results: OrderedResults,
+    finished: usize,
+}
+
+/// A call whose turn has come, with the context it sees.
+struct Start {
+    index: usize,
+    call: Result<Prepared, ToolResult>,
+    context: Arc<Value>,
+}
+
+impl Batch {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every change to the state is made whole under the lock; a panic
+        // elsewhere cannot leave it half-changed.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Plan call `index`, unless another task already took it, then run
+    /// whatever its planning let start.
+    async fn plan(self: Arc<Self>, index: usize) {
+        if self.lock().claim(index) {
+            let (starts, plans) = self.plan_claimed(index).await;
+            self.work(starts, plans).await;
+        }
+    }
+
+    /// Plan call `index`, claimed by this task: what may start now, and
+    /// what to plan next.
+    async fn plan_claimed(self: &Arc<Self>, index: usize) -> (Vec<Start>, std::ops::Range<usize>) {
+        let guard = Failing { batch: self, index, running: false };
+        let call = call::prepare(&self.pool, &self.uses[index], self.fuel.as_ref(), self.max_input).await;
+        std::mem::forget(guard);
+        self.lock().planned(self, index, call)
+    }
+
+    /// Run the first of `starts` here and hand the rest, and the planning of
+    /// `plans`, to tasks of their own; then go on with the next call whose
+    /// turn comes when this one finishes, for as long as there is one.
+    ///
+    /// With nothing to run, the task plans the next call itself if that
+    /// call's planning task has not begun: a task spawned on a busy worker
+    /// may wait there long after another worker ran out of calls.
+    async fn work(self: &Arc<Self>, mut starts: Vec<Start>, mut plans: std::ops::Range<usize>) {
+        loop {
+            let mine = if starts.is_empty() { None } else { Some(starts.swap_remove(0)) };
+            self.spawn(starts, plans);
+            let Some(Start { index, call, context }) = mine else {
+                let Some(index) = self.lock().claim_next() else { return };
+                (starts, plans) = self.plan_claimed(index).await;
+                continue;
+            };
+            let guard = Failing { batch: self, index, running: true };
+            let threshold = self.thresholds[index];
+            let (result, modifier) =
+                run_call(&self.pool, call, context, &self.budget, threshold, &self.events, &self.interrupt)
+                    .await;
+            std::mem::forget(guard);
+            (starts, plans) = self.lock().finished(self, index, result, modifier);
+        }
+    }
+
+    fn spawn(self: &Arc<Self>, starts: Vec<Start>, plans: std::ops::Range<usize>) {
+        // Boxed: a task's future is moved whole into the task and over
+        // again when it completes; these are about 2 KB.
+        for start in starts {
+            let batch = self.clone();
+            tokio::spawn(Box::pin(async move { batch.work(vec![start], 0..0).await }));
+        }
+        for index in plans {
+            tokio::spawn(Box::pin(self.clone().plan(index)));
+        }
+    }
+}
+
+/// Gives call `index` its one result if the task handling it panics: a
+/// failed planning or a failed run. Forgotten once the step returned.
+struct Failing<'a> {
+    batch: &'a Arc<Batch>,
+    index: usize,
+    running: bool,
+}
+
+impl Drop for Failing<'_> {
+    fn drop(&mut self) {
+        // Dropped without a panic, the task was cancelled: the runtime is
+        // shutting down, and nobody is left to wait for the batch.
+        if !std::thread::panicking() || tokio::runtime::Handle::try_current().is_err() {
+            return;
+        }
+        let (batch, index) = (self.batch, self.index);
+        let id = &batch.uses[index].id;
+        let (starts, plans) = if self.running {
+            let result = ToolResult::error(id, "the host failed while running this call");
+            batch.lock().finished(batch, index, result, None)
+        } else {
+            let result = ToolResult::error(id, "the host failed while planning this call");
+            batch.lock().planned(batch, index, Err(result))
+        };
+        batch.spawn(starts, plans);
+    }
+}
+
+impl State {
+    /// Take call `index` to plan, unless a task already took it.
+    fn claim(&mut self, index: usize) -> bool {
+        let unclaimed = matches!(self.calls[index], Slot::Unplanned);
+        if unclaimed {
+            self.calls[index] = Slot::Planning;
+        }
+        unclaimed
+    }
+
+    /// The first call not yet started, taken to plan, if its planning was
+    /// handed to a task that has not begun it.
+    fn claim_next(&mut self) -> Option<usize> {
+        let index = self.next;
+        (index < self.planning && self.claim(index)).then_some(index)
+    }
+
+    /// Call `index` is planned: keep it, announce the plan once every call
+    /// is, and say what may start now.
+    fn planned(
+        &mut self,
+        batch: &Batch,
+        index: usize,
+        call: Result<Prepared, ToolResult>,
+    ) -> (Vec<Start>, std::ops::Range<usize>) {
+        self.safe[index] = matches!(&call, Ok(call) if call.concurrency_safe);
+        self.calls[index] = Slot::Waiting(call);
+        self.planned += 1;
+        if self.planned == self.calls.len() {
+            let ids = &self.results.ids;
+            emit_with(&batch.events, || {
+                let groups = partition(&self.safe);
+                Event::BatchPlan { batches: groups.iter().map(|group| group.planned(ids)).collect() }
+            });
+        }
+        self.pump(batch)
+    }
+
+    /// Call `index` finished: release its result in order, keep its
+    /// modifier, and say what may start now.
+    fn finished(
+        &mut self,
+        batch: &Batch,
+        index: usize,
+        result: ToolResult,
+        modifier: Option<Value>,
+    ) -> (Vec<Start>, std::ops::Range<usize>) {
+        self.admission.finish(index as u64, modifier);
+        self.results.finish(index, result, &batch.events);
+        self.finished += 1;
+        if self.finished == self.calls.len() {
+            batch.done.notify_one();
+        }
+        self.pump(batch)
+    }
+
+    /// Start every waiting call whose turn it is, in order: safe calls while
+    /// fewer than `cap` run and no call runs alone; another call only when
+    /// nothing runs. Then plan ahead up to the window.
+    fn pump(&mut self, batch: &Batch) -> (Vec<Start>, std::ops::Range<usize>) {
+        let mut starts = Vec::new();
+        if !self.started {
+            let ahead =
+                self.calls[self.next..].iter().take_while(|slot| matches!(slot, Slot::Waiting(_))).count();
+            self.started = self.planned == self.calls.len() || ahead >= batch.window;
+        }
+        while self.started && self.next < self.calls.len() {
+            let index = self.next;
+            if !matches!(self.calls[index], Slot::Waiting(_)) {
+                break;
+            }
+            let Some(context) = self.admission.start(self.safe[index]) else { break };
+            let Slot::Waiting(call) = std::mem::replace(&mut self.calls[index], Slot::Started) else {
+                unreachable!("the call was seen waiting")
+            };
+            self.next += 1;
+            starts.push(Start { index, call, context });
+        }
+        (starts, self.plan_ahead(batch))
+    }
+
+    /// The calls to plan now: up to a window past the first not started.
+    fn plan_ahead(&mut self, batch: &Batch) -> std::ops::Range<usize> {
+        let until = (self.next + batch.window).min(self.calls.len());
+        let plans = self.planning..until.max(self.planning);
+        self.planning = plans.end;
+        plans
+    }
+}
+
+/// Run one planned call (or pass on its planning failure), and hold its
+/// result to the per-tool budget: every call's step from its turn to its
+/// result, in a batch or on its own ([`crate::PlannedCall::run`]).
+pub(crate) async fn run_call(
+    pool: &ToolPool,
+    call: Result<Prepared, ToolResult>,
+    context: Arc<Value>,
+    budget: &Budget,
+    threshold: Threshold,
+    events: &Events,
+    interrupt: &Interrupt,
+) -> (ToolResult, Option<Value>) {
+    let (result, modifier) = run_one(pool, call, context, events, interrupt).await;
+    (budget.per_tool(result, threshold).await, modifier)
+}
+
+async fn run_one(
+    pool: &ToolPool,
+    call: Result<Prepared, ToolResult>,
+    context: Arc<Value>,
+    events: &Events,
+    interrupt: &Interrupt,
+) -> (ToolResult, Option<Value>) {
+    let mut call = match call {
+        Ok(call) => call,
+        Err(result) => return (result, None),
+    };
+    if interrupt.is_interrupted() {
+        return (ToolResult::error(&call.id, NOT_STARTED), None);
+    }
+    let id = call.id.clone();
+    // Only an event reader shows the activity: without one, spare the guest
+    // the question.
+    let activity = if events.is_closed() { None } else { call.activity().await };
+    emit_with(events, || Event::CallStarted { tool_use_id: id.clone(), tool: call.name.clone(), activity });
+    let progress_events = events.clone();
+    let progress_id = id.clone();
+    let cx = CallContext {
+        context,
+        progress: Arc::new(move |data| {
+            emit(&progress_events, Event::Progress { tool_use_id: progress_id.clone(), data });
+        }),
+    };
+    let (result, modifier) = call.run(pool, cx, interrupt).await;
+    emit_with(events, || Event::CallFinished { tool_use_id: id, is_error: result.is_error });
+    (result, modifier)
+}
+
+/// Results as they finish, released in the batch's order: a finished call
+/// waits for the calls before it.
+struct OrderedResults {
+    ids: Vec<String>,
+    slots: Vec<Option<ToolResult>>,
+    released: usize,
+}
+
+impl OrderedResults {
+    fn new(ids: Vec<String>) -> Self {
+        OrderedResults { slots: vec![None; ids.len()], ids, released: 0 }
+    }
+
+    fn finish(&mut self, index: usize, result: ToolResult, events: &Events) {
+        self.slots[index] = Some(result);
+        while let Some(Some(result)) = self.slots.get(self.released) {
+            emit_with(events, || Event::tool_result(result));
+            self.released += 1;
+        }
+    }
+
+    fn into_results(self) -> Vec<ToolResult> {
+        self.slots.into_iter().map(|slot| slot.expect("every call has a result")).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_cap_defaults_to_ten_for_missing_non_numeric_or_zero_values() {
+        assert_eq!(parse_cap(None), 10);
+        assert_eq!(parse_cap(Some("")), 10);
+        assert_eq!(parse_cap(Some("lots")), 10);
+        assert_eq!(parse_cap(Some("0")), 10);
+        assert_eq!(parse_cap(Some("-3")), 10);
+        assert_eq!(parse_cap(Some("3")), 3);
+        assert_eq!(parse_cap(Some(" 25 ")), 25);
+    }
+
+    #[test]
+    fn a_configured_cap_wins_unless_zero() {
+        assert_eq!(max_tool_use_concurrency(Some(4)), 4);
+    }
+}

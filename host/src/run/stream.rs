@@ -1,0 +1,288 @@
+//! Calls that arrive one at a time, such as an MCP server's `tools/call`
+//! requests, run by the rules of a batch.
+//!
+//! Every call takes its [`Arrival`] the moment it arrives, so arrivals are
+//! in arrival order, and the stream is a batch that never ends: a call is
+//! planned as a batch plans its calls, at most a planning window ahead of
+//! the oldest call not yet started; it starts by the partition rule
+//! ([`Admission`]) in arrival order, so a stream of safe calls never starves
+//! an unsafe one and an unsafe call never jumps ahead of the safe calls
+//! before it; it runs as a batch runs each call, with the same cap; and its
+//! result is held to the budgets as a message of its own. Context modifiers
+//! apply as in a batch: a call that ran alone changes the context at once;
+//! the modifiers of a concurrent run are applied in arrival order when the
+//! run ends, which for a stream is when its last call finished.
+//!
+//! A call whose planning fails (an unknown tool, an input the schema
+//! refuses) answers at once: it has nothing to run, so it takes no turn.
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use serde_json::Value;
+use tokio::sync::oneshot;
+
+use crate::batch::{ToolResult, ToolUse};
+use crate::events::Event;
+use crate::limits::BatchFuel;
+use crate::pool::ToolPool;
+use crate::run::call::{self, NOT_STARTED};
+use crate::run::interrupt::Interrupt;
+use crate::run::partition::Admission;
+use crate::run::scheduler::{self, Events, RunOptions};
+
+/// Where calls arriving one by one are admitted; see the
+/// [module docs](self). Made by [`Host::stream`](crate::Host::stream); clones
+/// share the stream.
+#[derive(Clone)]
+pub struct CallStream {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    pool: Arc<ToolPool>,
+    options: Arc<RunOptions>,
+    /// Calls planned ahead of the first not yet started, as in a batch.
+    window: usize,
+    state: Mutex<State>,
+}
+
+struct State {
+    next_number: u64,
+    /// Calls not yet started, oldest first.
+    waiting: VecDeque<Waiter>,
+    admission: Admission,
+}
+
+struct Waiter {
+    number: u64,
+    step: Step,
+}
+
+enum Step {
+    /// Arrived, waiting to be let plan: a window of calls waits ahead of it.
+    Queued(Option<oneshot::Sender<()>>),
+    /// Being planned.
+    Planning,
+    /// Planned, waiting for its turn.
+    Planned { safe: bool, turn: oneshot::Sender<Turn> },
+}
+
+impl CallStream {
+    pub(crate) fn new(pool: Arc<ToolPool>, options: Arc<RunOptions>, context: Value) -> Self {
+        let window = scheduler::planning_window(options.cap);
+        let admission = Admission::new(options.cap, context);
+        let state = State { next_number: 0, waiting: VecDeque::new(), admission };
+        CallStream { shared: Arc::new(Shared { pool, options, window, state: Mutex::new(state) }) }
+    }
+
+    /// A place in the arrival order for a call arriving now. Dropping every
+    /// clone of it before the call starts withdraws the call.
+    pub fn arrive(&self) -> Arrival {
+        let mut state = self.shared.lock();
+        let number = state.next_number;
+        state.next_number += 1;
+        let step = if state.waiting.len() < self.shared.window { Step::Planning } else { Step::Queued(None) };
+        state.waiting.push_back(Waiter { number, step });
+        Arrival(Arc::new(Place { stream: self.shared.clone(), number }))
+    }
+
+    /// The shared context as it is now: every modifier of a call that ran
+    /// alone, and of every run that ended, applied.
+    pub fn context(&self) -> Value {
+        self.shared.lock().admission.context().clone()
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Every change to the state is made whole under the lock; a panic
+        // elsewhere cannot leave it half-changed.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Start the oldest planned calls for as long as the rule lets them, then
+    /// let plan the queued calls that came within the window.
+    fn pump(self: &Arc<Self>, state: &mut State) {
+        while let Some(Waiter { step: Step::Planned { safe, .. }, .. }) = state.waiting.front() {
+            let Some(context) = state.admission.start(*safe) else { break };
+            let waiter = state.waiting.pop_front().expect("the front was just seen");
+            let Step::Planned { turn, .. } = waiter.step else { unreachable!("the front was seen planned") };
+            let started = Turn { stream: self.clone(), number: waiter.number, context, armed: true };
+            // A caller that stopped waiting left its receiver behind; its
+            // turn comes back and is given up at once, under this lock.
+            if let Err(mut started) = turn.send(started) {
+                started.armed = false;
+                state.leave(started.number, None);
+            }
+        }
+        for waiter in state.waiting.iter_mut().take(self.window) {
+            if let Step::Queued(wake) = &mut waiter.step {
+                if let Some(wake) = wake.take() {
+                    // A caller gone meanwhile withdraws itself.
+                    let _ = wake.send(());
+                }
+                waiter.step = Step::Planning;
+            }
+        }
+    }
+}
+
+impl State {
+    fn waiter(&mut self, number: u64) -> Option<&mut Waiter> {
+        self.waiting.iter_mut().find(|waiter| waiter.number == number)
+    }
+
+    /// A call that ran finished with `modifier`.
+    fn leave(&mut self, number: u64, modifier: Option<Value>) {
+        self.admission.finish(number, modifier);
+        if self.admission.is_idle() {
+            self.admission.close_run();
+        }
+    }
+}
+
+/// A call's place in the arrival order; see [`CallStream::arrive`]. Clones
+/// share the place.
+#[derive(Clone)]
+pub struct Arrival(Arc<Place>);
+
+struct Place {
+    stream: Arc<Shared>,
+    number: u64,
+}
+
+impl Arrival {
+    /// The place's number: its position in the arrival order, from 0.
+    pub fn number(&self) -> u64 {
+        self.0.number
+    }
+
+    /// Run `tool_use` from its arrival to its result, the way a batch runs
+    /// each call: planned (within the window), then at its turn the tool's
+    /// own checks, the host's permission rules, the call in a fresh sandbox
+    /// and the result budgets, with the result as a message of its own.
+    /// The call's batch fuel allowance is its own. `events`, when given,
+    /// gets `call_started`, each `progress` the moment the tool reports it,
+    /// `call_finished` and `tool_result`; with no reader, the tool is not
+    /// asked for its activity.
+    ///
+    /// An interrupt before the call starts means it never starts; while it
+    /// runs, it stops a call whose tool's interrupt behaviour is `cancel`,
+    /// and a `block` call runs to its end. Dropping the future gives the
+    /// call's place or turn up.
+    pub async fn run(
+        self,
+        tool_use: ToolUse,
+        events: Option<Arc<dyn Fn(Event) + Send + Sync>>,
+        interrupt: &Interrupt,
+    ) -> ToolResult {
+        let events = events.map_or(Events::Nobody, Events::Sink);
+        let not_started = || ToolResult::error(&tool_use.id, NOT_STARTED);
+        let stream = self.0.stream.clone();
+        let queued = {
+            let mut state = stream.lock();
+            let waiter = state.waiter(self.0.number).expect("a call waits until it is run");
+            match &mut waiter.step {
+                Step::Queued(wake) => {
+                    let (sender, receiver) = oneshot::channel();
+                    *wake = Some(sender);
+                    Some(receiver)
+                }
+                Step::Planning => None,
+                Step::Planned { .. } => unreachable!("a call is run once"),
+            }
+        };
+        if let Some(queued) = queued {
+            tokio::select! {
+                biased;
+                () = interrupt.interrupted() => return finished(&events, not_started()),
+                woken = queued => woken.expect("a queued call is let plan or withdrawn, never dropped"),
+            }
+        }
+
+        let fuel = stream.options.batch_fuel.map(BatchFuel::new);
+        let planned = call::prepare(&stream.pool, &tool_use, fuel.as_ref(), stream.options.max_input).await;
+        let planned = match planned {
+            Ok(planned) => planned,
+            // Nothing to run: the place is given up as `self` drops.
+            Err(result) => return finished(&events, result),
+        };
+        let (sender, receiver) = oneshot::channel();
+        {
+            let mut state = stream.lock();
+            let waiter = state.waiter(self.0.number).expect("a call waits until it is run");
+            waiter.step = Step::Planned { safe: planned.concurrency_safe, turn: sender };
+            stream.pump(&mut state);
+        }
+        let turn = tokio::select! {
+            biased;
+            turn = receiver => turn.expect("a planned call is started or withdrawn, never dropped"),
+            () = interrupt.interrupted() => return finished(&events, not_started()),
+        };
+        drop(self);
+
+        let threshold = stream.options.budget.threshold_in(&stream.pool, &planned.name);
+        let (result, modifier) = scheduler::run_call(
+            &stream.pool,
+            Ok(planned),
+            turn.context.clone(),
+            &stream.options.budget,
+            threshold,
+            &events,
+            interrupt,
+        )
+        .await;
+        turn.finish(modifier);
+        let mut results = [result];
+        stream.options.per_message(&mut results, &[threshold]).await;
+        let [result] = results;
+        finished(&events, result)
+    }
+}
+
+/// Send `result`'s `tool_result` event, and hand it back.
+fn finished(events: &Events, result: ToolResult) -> ToolResult {
+    scheduler::emit(events, Event::tool_result(&result));
+    result
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        let mut state = self.stream.lock();
+        if let Some(at) = state.waiting.iter().position(|waiter| waiter.number == self.number) {
+            state.waiting.remove(at);
+            self.stream.pump(&mut state);
+        }
+    }
+}
+
+/// A call's turn to run, with the context it sees. [`Turn::finish`] gives
+/// it back with the call's modifier; dropping it gives it back without one.
+struct Turn {
+    stream: Arc<Shared>,
+    number: u64,
+    context: Arc<Value>,
+    armed: bool,
+}
+
+impl Turn {
+    fn finish(mut self, modifier: Option<Value>) {
+        self.release(modifier);
+    }
+
+    fn release(&mut self, modifier: Option<Value>) {
+        if !std::mem::replace(&mut self.armed, false) {
+            return;
+        }
+        let mut state = self.stream.lock();
+        state.leave(self.number, modifier);
+        self.stream.pump(&mut state);
+    }
+}
+
+impl Drop for Turn {
+    fn drop(&mut self) {
+        self.release(None);
+    }
+}
