@@ -287,3 +287,29 @@ fn a_batch_longer_than_the_planning_window_runs_whole_and_in_order() {
     assert!(write("-") < finished("e101").unwrap(), "the run after it waits for the write");
     assert!(most_in_flight(&events) <= host.max_tool_use_concurrency());
 }
+
+#[test]
+fn calls_arriving_one_by_one_keep_a_batchs_order_and_context() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::create_dir(workspace.path().join("sub")).unwrap();
+    std::fs::write(workspace.path().join("sub/in.txt"), "needle\n").unwrap();
+    std::fs::write(workspace.path().join("out.txt"), "needle\n").unwrap();
+    let host = block_on(host_of(workspace.path(), &["keel_tool_cd", "keel_tool_grep"]).build()).unwrap();
+    let stream = host.stream(keel_host::context::initial());
+    let (first, second, third) = (stream.arrive(), stream.arrive(), stream.arrive());
+    assert_eq!([first.number(), second.number(), third.number()], [0, 1, 2]);
+    let grep = || ToolUse::new("grep", "grep", json!({ "pattern": "needle" }));
+    let (searched, moved, unknown) = block_on(async {
+        // Run in the reverse of their arrival: the grep still waits for the
+        // `cd` that arrived before it, and sees where it went.
+        let interrupt = keel_host::Interrupt::new();
+        let searched = second.run(grep(), None, &interrupt);
+        let unknown = third.run(ToolUse::new("nope", "grpe", json!({})), None, &interrupt);
+        let moved = first.run(ToolUse::new("cd", "cd", json!({ "path": "sub" })), None, &interrupt);
+        tokio::join!(searched, moved, unknown)
+    });
+    assert!(!moved.is_error, "{moved:?}");
+    assert!(searched.content.contains("in.txt") && !searched.content.contains("out.txt"), "{searched:?}");
+    assert_eq!(unknown, ToolResult::error("nope", "No such tool: grpe. Did you mean grep?"));
+    assert_eq!(stream.context()["cwd"], "/workspace/sub");
+}

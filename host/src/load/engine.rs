@@ -15,11 +15,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::load::bindings::Tool as ToolBindings;
-use crate::load::sandbox::{SandboxState, SharedPreopens};
-
-/// How often the epoch advances: the granularity of deadlines, and how often
-/// a long-running guest yields to let other calls on its thread progress.
-pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+use crate::load::sandbox::{EPOCH_TICK, SandboxState, SharedPreopens, root_cause};
 
 /// How many instances may be alive at once across all calls. A batch keeps
 /// one instance per pending call between its questions and its call, so this
@@ -274,11 +270,6 @@ pub struct Identity {
     pub content_key: String,
     /// The file's size in bytes.
     pub size: u64,
-}
-
-/// The innermost cause of a wasmtime error, which says what actually failed.
-pub(crate) fn root_cause(error: &wasmtime::Error) -> String {
-    error.chain().last().map(ToString::to_string).unwrap_or_default()
 }
 
 /// Advance the engine's epoch every [`EPOCH_TICK`] for as long as the engine

@@ -14,9 +14,11 @@ use crate::contract::{CONTRACT_VERSION, GUEST_INTERFACE};
 use crate::error::{Error, Result};
 use crate::limits::{BatchFuel, LimitKind, Limits, units};
 use crate::load::bindings::{self, ToolPre};
-use crate::load::engine::{Identity, Runtime, root_cause};
+use crate::load::engine::{Identity, Runtime};
 use crate::load::grants::{Grants, PluginGrant};
-use crate::load::sandbox::{FuelLimit, Grant, Mounts, QUERY_DEADLINE, QUERY_FUEL, Sandbox, SandboxState};
+use crate::load::sandbox::{
+    FuelLimit, Grant, Mounts, QUERY_DEADLINE, QUERY_FUEL, Sandbox, SandboxState, root_cause,
+};
 use crate::tool::{
     CallContext, CallError, CallOutput, InterruptBehavior, Invocation, PermissionDecision, ResultSize, Tool,
     ToolOrigin, ToolSpec,

@@ -40,9 +40,18 @@ use crate::contract::WORKSPACE_MOUNT;
 use crate::limits::{LimitKind, Limits, human_bytes, units};
 use crate::load::bindings::keel::tool::{host, types};
 use crate::load::bindings::{LogLevel, Tool as ToolBindings, ToolPre};
-use crate::load::engine::{EPOCH_TICK, root_cause};
 use crate::load::grants::{Access, PluginGrant};
 use crate::tool::{CallError, ProgressSink};
+
+/// How often the engine's epoch advances: the granularity of deadlines, and
+/// how often a long-running guest yields to let other calls on its thread
+/// progress.
+pub const EPOCH_TICK: Duration = Duration::from_millis(10);
+
+/// The innermost cause of a wasmtime error, which says what actually failed.
+pub(crate) fn root_cause(error: &wasmtime::Error) -> String {
+    error.chain().last().map(ToString::to_string).unwrap_or_default()
+}
 
 /// Bytes of a guest's stdout, and of its stderr, kept per sandbox; the rest
 /// is dropped. Enough for a panic message and a few diagnostics, never a

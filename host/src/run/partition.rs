@@ -152,11 +152,46 @@ impl Admission {
 #[cfg(test)]
 mod tests {
     use proptest::prelude::*;
+    use serde_json::json;
 
     use super::*;
 
     fn group(concurrent: bool, calls: Range<usize>) -> Group {
         Group { concurrent, calls }
+    }
+
+    #[test]
+    fn safe_calls_start_together_up_to_the_cap_and_an_unsafe_one_waits_for_them() {
+        let mut admission = Admission::new(2, json!({}));
+        assert!(admission.start(true).is_some());
+        assert!(admission.start(true).is_some());
+        assert!(admission.start(true).is_none(), "a third would pass the cap of 2");
+        admission.finish(0, None);
+        assert!(admission.start(false).is_none(), "an unsafe call waits for the run before it");
+        admission.finish(1, None);
+        assert!(admission.start(false).is_some());
+        assert!(admission.start(true).is_none(), "nothing starts beside a call running alone");
+        admission.finish(2, None);
+        assert!(admission.is_idle());
+    }
+
+    #[test]
+    fn a_lone_calls_change_is_seen_at_once_and_a_runs_changes_apply_in_order_when_it_ends() {
+        let mut admission = Admission::new(10, json!({ "cwd": "/workspace" }));
+        admission.start(false).unwrap();
+        admission.finish(0, Some(json!({ "cwd": "/workspace/src" })));
+        let (a, b) = (admission.start(true).unwrap(), admission.start(true).unwrap());
+        assert_eq!(*a, json!({ "cwd": "/workspace/src" }), "the lone call's change is seen at once");
+        assert!(Arc::ptr_eq(&a, &b), "the calls of a run share one snapshot");
+        admission.finish(2, Some(json!({ "last": "b" })));
+        admission.finish(1, Some(json!({ "last": "a" })));
+        assert_eq!(admission.context(), &json!({ "cwd": "/workspace/src" }), "queued while the run is open");
+        admission.close_run();
+        assert_eq!(
+            admission.context(),
+            &json!({ "cwd": "/workspace/src", "last": "b" }),
+            "applied in the calls' order: b came last, so its change wins"
+        );
     }
 
     #[test]
