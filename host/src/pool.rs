@@ -64,7 +64,7 @@ impl Default for PoolOptions {
 /// The tools offered to the model, in the order they are offered, and the
 /// rules their calls are held to. See the [module docs](self).
 pub struct ToolPool {
-    entries: Vec<PoolEntry>,
+    entries: Vec<Arc<PoolEntry>>,
     index: HashMap<String, usize>,
     permissions: Arc<Permissions>,
     deferral: bool,
@@ -178,7 +178,7 @@ impl ToolPool {
         for alias in &spec.aliases {
             self.index.entry(alias.clone()).or_insert(position);
         }
-        self.entries.push(PoolEntry { tool, schema });
+        self.entries.push(Arc::new(PoolEntry { tool, schema }));
         Ok(())
     }
 
@@ -194,12 +194,12 @@ impl ToolPool {
     }
 
     /// The tool called `name`, by its name or an alias.
-    pub fn get(&self, name: &str) -> Option<&PoolEntry> {
+    pub fn get(&self, name: &str) -> Option<&Arc<PoolEntry>> {
         self.index.get(name).map(|&position| &self.entries[position])
     }
 
     /// The tools in pool order.
-    pub fn entries(&self) -> &[PoolEntry] {
+    pub fn entries(&self) -> &[Arc<PoolEntry>] {
         &self.entries
     }
 

@@ -279,10 +279,6 @@ pub trait Invocation: Send {
         let _ = fuel;
     }
 
-    /// Release what the call holds while it waits its turn (a plugin's live
-    /// sandbox), keeping its answers. Default: nothing held.
-    fn park(&mut self) {}
-
     /// Run the call.
     async fn call(self: Box<Self>, cx: CallContext) -> Result<CallOutput, CallError>;
 }

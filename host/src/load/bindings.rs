@@ -9,5 +9,5 @@ wasmtime::component::bindgen!({
     additional_derives: [serde::Serialize, serde::Deserialize],
 });
 
-pub use exports::keel::tool::guest::ToolMetadata;
-pub use keel::tool::types::{CallPlan, InterruptBehavior, LogLevel, PermissionDecision};
+pub use self::exports::keel::tool::guest::ToolMetadata;
+pub use self::keel::tool::types::{CallPlan, InterruptBehavior, LogLevel, PermissionDecision};

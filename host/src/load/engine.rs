@@ -99,17 +99,17 @@ impl Runtime {
     }
 
     /// The engine.
-    pub fn engine(&self) -> &Engine {
+    pub(crate) fn engine(&self) -> &Engine {
         &self.engine
     }
 
     /// The linker with WASI and the host imports.
-    pub fn linker(&self) -> &Linker<SandboxState> {
+    pub(crate) fn linker(&self) -> &Linker<SandboxState> {
         &self.linker
     }
 
     /// Compile `bytes` (read from `path`), or load them from the cache.
-    pub fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Compiled> {
+    pub(crate) fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Compiled> {
         let started = Instant::now();
         let (component, from_cache, content_key) = match &self.cache {
             Some(cache) => {
@@ -133,7 +133,11 @@ impl Runtime {
     /// whose bytes passed `check` here, so a caller passes the same `check`
     /// every time; its errors are the same whether or not the cache is warm,
     /// since a file that would fail it is never in the index.
-    pub fn compile_file(&self, path: &Path, check: impl FnOnce(&[u8]) -> Result<()>) -> Result<Compiled> {
+    pub(crate) fn compile_file(
+        &self,
+        path: &Path,
+        check: impl FnOnce(&[u8]) -> Result<()>,
+    ) -> Result<Compiled> {
         let started = Instant::now();
         if let Some(cache) = &self.cache
             && let Some(identity) = cache.identify(path)
@@ -155,7 +159,7 @@ impl Runtime {
     /// now, without opening the file: the content key of its bytes and its
     /// size. `None` when there is no cache or the index does not know the
     /// file so (see [`Runtime::compile_file`]).
-    pub fn identify(&self, path: &Path) -> Option<Identity> {
+    pub(crate) fn identify(&self, path: &Path) -> Option<Identity> {
         self.cache.as_ref()?.identify(path)
     }
 
@@ -163,7 +167,7 @@ impl Runtime {
     /// held when it was identified: loaded from the cache, or else read from
     /// `path` again, vetted by `check` and compiled. Fails, saying so, when
     /// the file no longer holds those bytes.
-    pub fn compile_identified(
+    pub(crate) fn compile_identified(
         &self,
         path: &Path,
         identity: &Identity,
@@ -215,7 +219,7 @@ impl Runtime {
     /// was, or there is no cache. It may be damaged (a crash while it was
     /// written): the caller checks it, and treats what it cannot read as
     /// absent.
-    pub fn recall(&self, content_key: &str, topic: &str) -> Option<Vec<u8>> {
+    pub(crate) fn recall(&self, content_key: &str, topic: &str) -> Option<Vec<u8>> {
         let cache = self.cache.as_ref()?;
         std::fs::read(cache.answers_entry(content_key, topic)).ok()
     }
@@ -223,7 +227,7 @@ impl Runtime {
     /// Store `answers` about the bytes of `content_key` under `topic`, for
     /// [`Runtime::recall`]: what a later start can know of a component
     /// without loading it. Best effort, and not synced: a failure is logged.
-    pub fn remember(&self, content_key: &str, topic: &str, answers: &[u8]) {
+    pub(crate) fn remember(&self, content_key: &str, topic: &str, answers: &[u8]) {
         let Some(cache) = &self.cache else { return };
         let entry = cache.answers_entry(content_key, topic);
         if let Err(error) = crate::fs::replace_unsynced(&entry, answers) {

@@ -751,10 +751,6 @@ impl Invocation for PluginInvocation {
         self.plan().await.read_only
     }
 
-    fn park(&mut self) {
-        self.sandbox = None;
-    }
-
     fn share_batch_fuel(&mut self, fuel: BatchFuel) {
         self.meter.batch = Some(fuel);
     }

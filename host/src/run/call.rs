@@ -3,6 +3,8 @@
 //! tool's own `check` (validation, then its permission decision), then the host's
 //! [permission rules](crate::permissions), and run it.
 
+use std::sync::Arc;
+
 use serde_json::Value;
 
 use crate::batch::{ToolResult, ToolUse};
@@ -10,7 +12,7 @@ use crate::limits::{BatchFuel, LimitKind, human_bytes};
 use crate::permissions::PendingCall;
 use crate::pool::{PoolEntry, ToolPool};
 use crate::run::interrupt::Interrupt;
-use crate::tool::{CallContext, CallError, InterruptBehavior, Invocation, PermissionDecision};
+use crate::tool::{CallContext, CallError, InterruptBehavior, Invocation, PermissionDecision, ToolSpec};
 
 /// The result text of a call that never started because of an interrupt.
 pub const NOT_STARTED: &str = "Interrupted: the call was not started.";
@@ -21,12 +23,11 @@ pub const STOPPED: &str = "Interrupted: the call was stopped before it finished.
 pub struct Prepared {
     /// The id of its `tool_use`.
     pub id: String,
-    /// The tool's name.
-    pub name: String,
+    /// Its tool, resolved once: nothing after planning looks it up again.
+    pub entry: Arc<PoolEntry>,
     /// Whether it may run beside other safe calls: its input passed the
     /// schema and `plan` said so without trapping.
     pub concurrency_safe: bool,
-    interrupt: InterruptBehavior,
     invocation: Box<dyn Invocation>,
 }
 
@@ -67,16 +68,15 @@ pub async fn prepare(
         invocation.share_batch_fuel(fuel.clone());
     }
     let concurrency_safe = invocation.is_concurrency_safe().await;
-    Ok(Prepared {
-        id: tool_use.id.clone(),
-        name: spec.name.clone(),
-        concurrency_safe,
-        interrupt: spec.interrupt,
-        invocation,
-    })
+    Ok(Prepared { id: tool_use.id.clone(), entry: entry.clone(), concurrency_safe, invocation })
 }
 
 impl Prepared {
+    /// The tool's name (the real one, when the call used an alias).
+    pub fn name(&self) -> &str {
+        &self.entry.tool.spec().name
+    }
+
     /// A short phrase for a progress display.
     pub async fn activity(&mut self) -> Option<String> {
         self.invocation.activity_description().await
@@ -93,15 +93,16 @@ impl Prepared {
         interrupt: &Interrupt,
     ) -> (ToolResult, Option<Value>) {
         let fail = |message: String| (ToolResult::error(&self.id, message), None);
-        let name = self.name.clone();
+        let entry = self.entry.clone();
+        let spec = entry.tool.spec();
+        let name = &spec.name;
         if let Err(reason) = self.invocation.validate_input().await {
             return fail(format!("Invalid input for {name}: {reason}"));
         }
         let tool_asks = match self.invocation.check_permissions().await {
             PermissionDecision::Allow(None) => None,
             PermissionDecision::Allow(Some(updated)) => {
-                let entry = pool.get(&name).expect("a prepared call's tool is in the pool");
-                if let Err(reason) = check_schema(entry, &updated) {
+                if let Err(reason) = check_schema(&entry, &updated) {
                     return fail(reason);
                 }
                 self.invocation.set_input(updated);
@@ -112,11 +113,11 @@ impl Prepared {
             }
             PermissionDecision::Ask(message) => Some(message),
         };
-        if let Err(message) = authorize(pool, &name, &mut *self.invocation, tool_asks, interrupt).await {
+        if let Err(message) = authorize(pool, spec, &mut *self.invocation, tool_asks, interrupt).await {
             return fail(message);
         }
         let call = self.invocation.call(cx);
-        let outcome = match self.interrupt {
+        let outcome = match spec.interrupt {
             InterruptBehavior::Block => call.await,
             InterruptBehavior::Cancel => tokio::select! {
                 outcome = call => outcome,
@@ -125,7 +126,7 @@ impl Prepared {
         };
         match outcome {
             Ok(output) => (ToolResult::ok(&self.id, output.content), output.context_modifier),
-            Err(error) => fail(call_failed(&name, &error)),
+            Err(error) => fail(call_failed(name, &error)),
         }
     }
 }
@@ -136,12 +137,11 @@ impl Prepared {
 /// interrupted never starts.
 async fn authorize(
     pool: &ToolPool,
-    name: &str,
+    spec: &ToolSpec,
     invocation: &mut dyn Invocation,
     tool_asks: Option<String>,
     interrupt: &Interrupt,
 ) -> Result<(), String> {
-    let spec = pool.get(name).expect("a prepared call's tool is in the pool").tool.spec();
     let permissions = pool.permissions();
     let subject = if permissions.wants_subject(spec, tool_asks.is_some()) {
         invocation.permission_subject().await

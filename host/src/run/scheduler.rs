@@ -553,7 +553,8 @@ impl State {
 
 /// Run one planned call (or pass on its planning failure), and hold its
 /// result to the per-tool budget: every call's step from its turn to its
-/// result, in a batch or on its own ([`crate::PlannedCall::run`]).
+/// result, in a batch or in a stream of calls arriving one by one
+/// ([`crate::Arrival::run`]).
 pub(crate) async fn run_call(
     pool: &ToolPool,
     call: Result<Prepared, ToolResult>,
@@ -585,7 +586,11 @@ async fn run_one(
     // Only an event reader shows the activity: without one, spare the guest
     // the question.
     let activity = if events.is_closed() { None } else { call.activity().await };
-    emit_with(events, || Event::CallStarted { tool_use_id: id.clone(), tool: call.name.clone(), activity });
+    emit_with(events, || Event::CallStarted {
+        tool_use_id: id.clone(),
+        tool: call.name().to_owned(),
+        activity,
+    });
     let progress_events = events.clone();
     let progress_id = id.clone();
     let cx = CallContext {

@@ -180,6 +180,10 @@ impl Arrival {
         let events = events.map_or(Events::Nobody, Events::Sink);
         let not_started = || ToolResult::error(&tool_use.id, NOT_STARTED);
         let stream = self.0.stream.clone();
+        // However this ends before the call starts (a failed plan, an
+        // interrupt, the future dropped), its place is given up, even while
+        // another clone of the arrival lives on.
+        let place = Withdraw(&self.0);
         let queued = {
             let mut state = stream.lock();
             let waiter = state.waiter(self.0.number).expect("a call waits until it is run");
@@ -205,7 +209,7 @@ impl Arrival {
         let planned = call::prepare(&stream.pool, &tool_use, fuel.as_ref(), stream.options.max_input).await;
         let planned = match planned {
             Ok(planned) => planned,
-            // Nothing to run: the place is given up as `self` drops.
+            // Nothing to run: the place is given up.
             Err(result) => return finished(&events, result),
         };
         let (sender, receiver) = oneshot::channel();
@@ -220,9 +224,10 @@ impl Arrival {
             turn = receiver => turn.expect("a planned call is started or withdrawn, never dropped"),
             () = interrupt.interrupted() => return finished(&events, not_started()),
         };
-        drop(self);
+        // Started: nothing left to withdraw.
+        std::mem::forget(place);
 
-        let threshold = stream.options.budget.threshold_in(&stream.pool, &planned.name);
+        let threshold = stream.options.budget.threshold(planned.entry.tool.spec());
         let (result, modifier) = scheduler::run_call(
             &stream.pool,
             Ok(planned),
@@ -247,13 +252,29 @@ fn finished(events: &Events, result: ToolResult) -> ToolResult {
     result
 }
 
-impl Drop for Place {
-    fn drop(&mut self) {
+impl Place {
+    /// Leave the queue, if still in it, and let the calls behind go on.
+    fn withdraw(&self) {
         let mut state = self.stream.lock();
         if let Some(at) = state.waiting.iter().position(|waiter| waiter.number == self.number) {
             state.waiting.remove(at);
             self.stream.pump(&mut state);
         }
+    }
+}
+
+impl Drop for Place {
+    fn drop(&mut self) {
+        self.withdraw();
+    }
+}
+
+/// Withdraws its place when dropped; a no-op once the call started.
+struct Withdraw<'a>(&'a Place);
+
+impl Drop for Withdraw<'_> {
+    fn drop(&mut self) {
+        self.0.withdraw();
     }
 }
 
