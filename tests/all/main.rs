@@ -4,6 +4,7 @@
 mod batch;
 mod budget;
 mod cache;
+mod contract;
 mod fuzz;
 mod grants;
 mod hostile;
