@@ -140,7 +140,7 @@ impl HostBuilder {
     /// Load every plugin and assemble the pool. Fails on the first plugin that
     /// cannot be loaded, naming its file.
     ///
-    /// Plugins load in parallel, up to one per core (see [`load_plugins`]);
+    /// Plugins load in parallel, up to one per core (see `load_plugins`);
     /// the outcome is the same as loading them one after another: the pool,
     /// the load reports in the order of the files, and the error of the
     /// first file in that order that fails.
@@ -423,6 +423,24 @@ impl Host {
     /// [`context::initial`]): each call is planned, admitted and run by the
     /// rules of a batch, in arrival order, and answered on its own. See
     /// [`CallStream`].
+    ///
+    /// ```no_run
+    /// # async fn serve(host: &keel_host::Host) {
+    /// use keel_host::{Interrupt, ToolUse};
+    /// use serde_json::json;
+    ///
+    /// let stream = host.stream(keel_host::context::initial());
+    /// // Where requests are read, in the order they came:
+    /// let (first, second) = (stream.arrive(), stream.arrive());
+    /// // Then each on its own task, in any order:
+    /// let write = ToolUse::new("a", "write_file", json!({ "file_path": "x", "content": "1" }));
+    /// let grep = ToolUse::new("b", "grep", json!({ "pattern": "1" }));
+    /// let interrupt = Interrupt::new();
+    /// // The grep waits for the write that arrived before it, and sees it.
+    /// let (_found, _wrote) =
+    ///     tokio::join!(second.run(grep, None, &interrupt), first.run(write, None, &interrupt));
+    /// # }
+    /// ```
     pub fn stream(&self, context: Value) -> CallStream {
         CallStream::new(self.pool.clone(), self.options.clone(), context)
     }

@@ -1,20 +1,7 @@
 //! Calls that arrive one at a time, such as an MCP server's `tools/call`
 //! requests, run by the rules of a batch.
 //!
-//! Every call takes its [`Arrival`] the moment it arrives, so arrivals are
-//! in arrival order, and the stream is a batch that never ends: a call is
-//! planned as a batch plans its calls, at most a planning window ahead of
-//! the oldest call not yet started; it starts by the partition rule
-//! ([`Admission`]) in arrival order, so a stream of safe calls never starves
-//! an unsafe one and an unsafe call never jumps ahead of the safe calls
-//! before it; it runs as a batch runs each call, with the same cap; and its
-//! result is held to the budgets as a message of its own. Context modifiers
-//! apply as in a batch: a call that ran alone changes the context at once;
-//! the modifiers of a concurrent run are applied in arrival order when the
-//! run ends, which for a stream is when its last call finished.
-//!
-//! A call whose planning fails (an unknown tool, an input the schema
-//! refuses) answers at once: it has nothing to run, so it takes no turn.
+//! See [`CallStream`].
 
 use std::collections::VecDeque;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -31,9 +18,23 @@ use crate::run::interrupt::Interrupt;
 use crate::run::partition::Admission;
 use crate::run::scheduler::{self, Events, RunOptions};
 
-/// Where calls arriving one by one are admitted; see the
-/// [module docs](self). Made by [`Host::stream`](crate::Host::stream); clones
-/// share the stream.
+/// Where calls arriving one by one are admitted. Made by
+/// [`Host::stream`](crate::Host::stream); clones share the stream.
+///
+/// Every call takes its [`Arrival`] the moment it arrives, so arrivals are
+/// in arrival order, and the stream is a batch that never ends: a call is
+/// planned as a batch plans its calls, at most a planning window ahead of
+/// the oldest call not yet started; it starts by the partition rule
+/// (`Admission`) in arrival order, so a stream of safe calls never starves
+/// an unsafe one and an unsafe call never jumps ahead of the safe calls
+/// before it; it runs as a batch runs each call, with the same cap; and its
+/// result is held to the budgets as a message of its own. Context modifiers
+/// apply as in a batch: a call that ran alone changes the context at once;
+/// the modifiers of a concurrent run are applied in arrival order when the
+/// run ends, which for a stream is when its last call finished.
+///
+/// A call whose planning fails (an unknown tool, an input the schema
+/// refuses) answers at once: it has nothing to run, so it takes no turn.
 #[derive(Clone)]
 pub struct CallStream {
     shared: Arc<Shared>,
