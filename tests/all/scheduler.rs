@@ -313,3 +313,31 @@ fn calls_arriving_one_by_one_keep_a_batchs_order_and_context() {
     assert_eq!(unknown, ToolResult::error("nope", "No such tool: grpe. Did you mean grep?"));
     assert_eq!(stream.context()["cwd"], "/workspace/sub");
 }
+
+#[test]
+fn a_call_that_stops_waiting_in_a_stream_gives_its_place_up() {
+    let workspace = tempfile::tempdir().unwrap();
+    let host = block_on(host_of(workspace.path(), &["keel_tool_cd", "keel_tool_grep"]).build()).unwrap();
+    let stream = host.stream(keel_host::context::initial());
+    let interrupt = keel_host::Interrupt::new();
+    let grep = |id: &str| ToolUse::new(id, "grep", json!({ "pattern": "x" }));
+    let (never_run, given_up, first, last) =
+        (stream.arrive(), stream.arrive(), stream.arrive(), stream.arrive());
+    block_on(async {
+        // An arrival dropped unrun, and a call dropped while it waits for
+        // `never_run` ahead of it: neither holds back the calls after them.
+        let mut waiting = Box::pin(given_up.run(grep("given_up"), None, &interrupt));
+        let wait = tokio::time::timeout(Duration::from_millis(50), waiting.as_mut()).await;
+        assert!(wait.is_err(), "it waits for the call that arrived before it");
+        drop(never_run);
+        drop(waiting);
+        let both = async {
+            tokio::join!(
+                last.run(grep("last"), None, &interrupt),
+                first.run(ToolUse::new("first", "cd", json!({ "path": "." })), None, &interrupt)
+            )
+        };
+        let (last, first) = tokio::time::timeout(Duration::from_secs(60), both).await.expect("nothing waits");
+        assert!(!first.is_error && !last.is_error, "{first:?} {last:?}");
+    });
+}
