@@ -341,3 +341,33 @@ fn a_call_that_stops_waiting_in_a_stream_gives_its_place_up() {
         assert!(!first.is_error && !last.is_error, "{first:?} {last:?}");
     });
 }
+
+#[test]
+fn a_call_that_panics_the_host_in_a_stream_gets_its_one_result_and_the_stream_goes_on() {
+    let workspace = tempfile::tempdir().unwrap();
+    let builder = Host::builder().workspace(workspace.path()).builtins(false).tool(Arc::new(Marker));
+    let host = block_on(builder.build()).unwrap();
+    let stream = host.stream(keel_host::context::initial());
+    let interrupt = keel_host::Interrupt::new();
+    let marker = |id: &str, input: Value| ToolUse::new(id, "marker", input);
+    let results = block_on(async {
+        let calls = [
+            marker("m0", json!({ "ms": 5, "panic": "call" })),
+            marker("m1", json!({ "ms": 5, "panic": "plan" })),
+            marker("m2", json!({ "ms": 5 })),
+        ];
+        let mut results = Vec::new();
+        for call in calls {
+            results.push(stream.arrive().run(call, None, &interrupt).await);
+        }
+        results
+    });
+    assert_eq!(
+        results,
+        [
+            ToolResult::error("m0", "the host failed while running this call"),
+            ToolResult::error("m1", "the host failed while planning this call"),
+            ToolResult::ok("m2", "saw last = null"),
+        ]
+    );
+}

@@ -18,6 +18,10 @@ use crate::tool::{CallContext, CallError, InterruptBehavior, Invocation, Permiss
 pub const NOT_STARTED: &str = "Interrupted: the call was not started.";
 /// The result text of a running call stopped by an interrupt.
 pub const STOPPED: &str = "Interrupted: the call was stopped before it finished.";
+/// The result text of a call whose planning panicked in the host.
+pub(crate) const PLANNING_PANICKED: &str = "the host failed while planning this call";
+/// The result text of a call whose run panicked in the host.
+pub(crate) const RUN_PANICKED: &str = "the host failed while running this call";
 
 /// A call whose tool and input are known good, planned but not yet run.
 pub struct Prepared {

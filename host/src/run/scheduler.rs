@@ -16,7 +16,7 @@ use crate::events::Event;
 use crate::events::summary::{self, Summarizer, SummaryCall};
 use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
-use crate::run::call::{self, NOT_STARTED, Prepared};
+use crate::run::call::{self, NOT_STARTED, PLANNING_PANICKED, Prepared, RUN_PANICKED};
 use crate::run::context;
 pub use crate::run::interrupt::Interrupt;
 use crate::run::partition::{Admission, partition};
@@ -451,10 +451,10 @@ impl Drop for Failing<'_> {
         let (batch, index) = (self.batch, self.index);
         let id = &batch.uses[index].id;
         let (starts, plans) = if self.running {
-            let result = ToolResult::error(id, "the host failed while running this call");
+            let result = ToolResult::error(id, RUN_PANICKED);
             batch.lock().finished(batch, index, result, None)
         } else {
-            let result = ToolResult::error(id, "the host failed while planning this call");
+            let result = ToolResult::error(id, PLANNING_PANICKED);
             batch.lock().planned(batch, index, Err(result))
         };
         batch.spawn(starts, plans);

@@ -4,7 +4,10 @@
 //! See [`CallStream`].
 
 use std::collections::VecDeque;
+use std::panic::AssertUnwindSafe;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+
+use futures::FutureExt as _;
 
 use serde_json::Value;
 use tokio::sync::oneshot;
@@ -13,7 +16,7 @@ use crate::batch::{ToolResult, ToolUse};
 use crate::events::Event;
 use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
-use crate::run::call::{self, NOT_STARTED};
+use crate::run::call::{self, NOT_STARTED, PLANNING_PANICKED, RUN_PANICKED};
 use crate::run::interrupt::Interrupt;
 use crate::run::partition::Admission;
 use crate::run::scheduler::{self, Events, RunOptions};
@@ -207,11 +210,14 @@ impl Arrival {
         }
 
         let fuel = stream.options.batch_fuel.map(BatchFuel::new);
-        let planned = call::prepare(&stream.pool, &tool_use, fuel.as_ref(), stream.options.max_input).await;
-        let planned = match planned {
-            Ok(planned) => planned,
+        let planning = call::prepare(&stream.pool, &tool_use, fuel.as_ref(), stream.options.max_input);
+        // A panic in the host still gives the call its one result, as in a
+        // batch, and the request its answer.
+        let planned = match AssertUnwindSafe(planning).catch_unwind().await {
+            Ok(Ok(planned)) => planned,
             // Nothing to run: the place is given up.
-            Err(result) => return finished(&events, result),
+            Ok(Err(result)) => return finished(&events, result),
+            Err(_) => return finished(&events, ToolResult::error(&tool_use.id, PLANNING_PANICKED)),
         };
         let (sender, receiver) = oneshot::channel();
         {
@@ -229,7 +235,7 @@ impl Arrival {
         std::mem::forget(place);
 
         let threshold = stream.options.budget.threshold(planned.entry.tool.spec());
-        let (result, modifier) = scheduler::run_call(
+        let running = scheduler::run_call(
             &stream.pool,
             Ok(planned),
             turn.context.clone(),
@@ -237,8 +243,11 @@ impl Arrival {
             threshold,
             &events,
             interrupt,
-        )
-        .await;
+        );
+        let (result, modifier) = match AssertUnwindSafe(running).catch_unwind().await {
+            Ok(outcome) => outcome,
+            Err(_) => (ToolResult::error(&tool_use.id, RUN_PANICKED), None),
+        };
         turn.finish(modifier);
         let mut results = [result];
         stream.options.per_message(&mut results, &[threshold]).await;
