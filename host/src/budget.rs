@@ -56,7 +56,6 @@ pub use self::persist::{
 use crate::batch::ToolResult;
 use crate::budget::ledger::{Decision, Ledger};
 pub use crate::contract::DEFAULT_MAX_RESULT_SIZE_CHARS;
-use crate::pool::ToolPool;
 use crate::tool::{ResultSize, ToolSpec};
 
 /// Tokens one result may cost at most, whatever the tool declares.
@@ -226,13 +225,6 @@ impl Budget {
             Some(&chars) => Threshold::Chars(chars),
             None => Threshold::Chars(declared.min(DEFAULT_MAX_RESULT_SIZE_CHARS)),
         }
-    }
-
-    /// [`Budget::threshold`] of the tool `name` resolves to in `pool`; the
-    /// default for a name no tool answers to (its call fails before any
-    /// output).
-    pub fn threshold_in(&self, pool: &ToolPool, name: &str) -> Threshold {
-        pool.get(name).map_or_else(Threshold::default, |entry| self.threshold(entry.tool.spec()))
     }
 
     /// What a loaded set of tools should be warned about, once, at load: an

@@ -154,26 +154,23 @@ pub(crate) async fn run(
     events: Events,
     interrupt: Interrupt,
 ) -> BatchOutcome {
-    let thresholds: Vec<Threshold> =
-        uses.iter().map(|tool_use| options.budget.threshold_in(&pool, &tool_use.name)).collect();
     if uses.len() > 1 {
         // The batch's tasks share the calls; a batch handed over whole is
         // not copied for them.
         let uses: Arc<[ToolUse]> = uses.into_owned().into();
-        let (results, context) =
-            run_many(&pool, uses.clone(), context, &options, &thresholds, &events, &interrupt).await;
+        let (results, thresholds, context) =
+            run_many(&pool, uses.clone(), context, &options, &events, &interrupt).await;
         return finish(&uses, results, &thresholds, context, &options, &events, &interrupt).await;
     }
-    let (results, context) = match uses.first() {
+    let (results, thresholds, context) = match uses.first() {
         // Nothing to plan or run: no task would ever report the batch done.
         None => {
             emit_with(&events, || Event::BatchPlan { batches: Vec::new() });
-            (Vec::new(), context)
+            (Vec::new(), Vec::new(), context)
         }
         Some(tool_use) => {
-            let (result, context) =
-                run_alone(&pool, tool_use, context, &options, thresholds[0], &events, &interrupt).await;
-            (vec![result], context)
+            let (ran, context) = run_alone(&pool, tool_use, context, &options, &events, &interrupt).await;
+            (vec![ran.result], vec![ran.threshold], context)
         }
     };
     finish(&uses, results, &thresholds, context, &options, &events, &interrupt).await
@@ -186,10 +183,9 @@ async fn run_alone(
     tool_use: &ToolUse,
     context: Value,
     options: &RunOptions,
-    threshold: Threshold,
     events: &Events,
     interrupt: &Interrupt,
-) -> (ToolResult, Value) {
+) -> (Ran, Value) {
     let fuel = options.batch_fuel.map(BatchFuel::new);
     let call = call::prepare(pool, tool_use, fuel.as_ref(), options.max_input).await;
     emit_with(events, || {
@@ -198,15 +194,14 @@ async fn run_alone(
         Event::BatchPlan { batches: partition(&safe).iter().map(|group| group.planned(ids)).collect() }
     });
     let shared = Arc::new(context);
-    let (result, modifier) =
-        run_call(pool, call, shared.clone(), &options.budget, threshold, events, interrupt).await;
-    emit_with(events, || Event::tool_result(&result));
+    let mut ran = run_call(pool, call, shared.clone(), &options.budget, events, interrupt).await;
+    emit_with(events, || Event::tool_result(&ran.result));
     // The call's own copy is gone by now: the context is taken back whole.
     let mut context = Arc::unwrap_or_clone(shared);
-    if let Some(patch) = modifier {
+    if let Some(patch) = ran.modifier.take() {
         context::apply(&mut context, &patch);
     }
-    (result, context)
+    (ran, context)
 }
 
 /// A batch of any length: see [`Batch`].
@@ -215,10 +210,9 @@ async fn run_many(
     uses: Arc<[ToolUse]>,
     context: Value,
     options: &RunOptions,
-    thresholds: &[Threshold],
     events: &Events,
     interrupt: &Interrupt,
-) -> (Vec<ToolResult>, Value) {
+) -> (Vec<ToolResult>, Vec<Threshold>, Value) {
     let cap = options.cap.max(1);
     let ids: Vec<String> = uses.iter().map(|tool_use| tool_use.id.clone()).collect();
     let count = uses.len();
@@ -228,7 +222,6 @@ async fn run_many(
         events: events.clone(),
         interrupt: interrupt.clone(),
         budget: options.budget.clone(),
-        thresholds: thresholds.to_vec(),
         fuel: options.batch_fuel.map(BatchFuel::new),
         max_input: options.max_input,
         window: planning_window(cap),
@@ -241,6 +234,7 @@ async fn run_many(
             next: 0,
             admission: Admission::new(cap, context),
             results: OrderedResults::new(ids),
+            thresholds: vec![Threshold::default(); count],
             finished: 0,
         }),
         done: tokio::sync::Notify::new(),
@@ -251,7 +245,8 @@ async fn run_many(
     let mut state = batch.lock();
     state.admission.close_run();
     let results = std::mem::replace(&mut state.results, OrderedResults::new(Vec::new()));
-    (results.into_results(), state.admission.take_context())
+    let thresholds = std::mem::take(&mut state.thresholds);
+    (results.into_results(), thresholds, state.admission.take_context())
 }
 
 /// The end of every batch: the per-message budget over all its results,
@@ -320,7 +315,6 @@ struct Batch {
     events: Events,
     interrupt: Interrupt,
     budget: Budget,
-    thresholds: Vec<Threshold>,
     fuel: Option<BatchFuel>,
     max_input: usize,
     /// Calls planned ahead: see [`MIN_PLANNING_WINDOW`].
@@ -359,6 +353,8 @@ struct State {
     /// Which call may start now, and the context it sees.
     admission: Admission,
     results: OrderedResults,
+    /// The per-tool budget of each finished call.
+    thresholds: Vec<Threshold>,
     finished: usize,
 }
 
@@ -411,12 +407,9 @@ impl Batch {
                 continue;
             };
             let guard = Failing { batch: self, index, running: true };
-            let threshold = self.thresholds[index];
-            let (result, modifier) =
-                run_call(&self.pool, call, context, &self.budget, threshold, &self.events, &self.interrupt)
-                    .await;
+            let ran = run_call(&self.pool, call, context, &self.budget, &self.events, &self.interrupt).await;
             std::mem::forget(guard);
-            (starts, plans) = self.lock().finished(self, index, result, modifier);
+            (starts, plans) = self.lock().finished(self, index, ran);
         }
     }
 
@@ -452,7 +445,8 @@ impl Drop for Failing<'_> {
         let id = &batch.uses[index].id;
         let (starts, plans) = if self.running {
             let result = ToolResult::error(id, RUN_PANICKED);
-            batch.lock().finished(batch, index, result, None)
+            let ran = Ran { result, modifier: None, threshold: Threshold::default() };
+            batch.lock().finished(batch, index, ran)
         } else {
             let result = ToolResult::error(id, PLANNING_PANICKED);
             batch.lock().planned(batch, index, Err(result))
@@ -500,16 +494,11 @@ impl State {
     }
 
     /// Call `index` finished: release its result in order, keep its
-    /// modifier, and say what may start now.
-    fn finished(
-        &mut self,
-        batch: &Batch,
-        index: usize,
-        result: ToolResult,
-        modifier: Option<Value>,
-    ) -> (Vec<Start>, std::ops::Range<usize>) {
-        self.admission.finish(index as u64, modifier);
-        self.results.finish(index, result, &batch.events);
+    /// modifier and its budget, and say what may start now.
+    fn finished(&mut self, batch: &Batch, index: usize, ran: Ran) -> (Vec<Start>, std::ops::Range<usize>) {
+        self.admission.finish(index as u64, ran.modifier);
+        self.thresholds[index] = ran.threshold;
+        self.results.finish(index, ran.result, &batch.events);
         self.finished += 1;
         if self.finished == self.calls.len() {
             batch.done.notify_one();
@@ -551,8 +540,18 @@ impl State {
     }
 }
 
+/// What one call's step from its turn to its result produced.
+pub(crate) struct Ran {
+    pub(crate) result: ToolResult,
+    /// The call's change to the shared context.
+    pub(crate) modifier: Option<Value>,
+    /// The per-tool budget its result was held to, which the per-message
+    /// budget goes on from.
+    pub(crate) threshold: Threshold,
+}
+
 /// Run one planned call (or pass on its planning failure), and hold its
-/// result to the per-tool budget: every call's step from its turn to its
+/// result to its tool's budget: every call's step from its turn to its
 /// result, in a batch or in a stream of calls arriving one by one
 /// ([`crate::Arrival::run`]).
 pub(crate) async fn run_call(
@@ -560,12 +559,14 @@ pub(crate) async fn run_call(
     call: Result<Prepared, ToolResult>,
     context: Arc<Value>,
     budget: &Budget,
-    threshold: Threshold,
     events: &Events,
     interrupt: &Interrupt,
-) -> (ToolResult, Option<Value>) {
+) -> Ran {
+    // A call that failed planning produced no output to hold.
+    let threshold =
+        call.as_ref().map_or_else(|_| Threshold::default(), |call| budget.threshold(call.entry.tool.spec()));
     let (result, modifier) = run_one(pool, call, context, events, interrupt).await;
-    (budget.per_tool(result, threshold).await, modifier)
+    Ran { result: budget.per_tool(result, threshold).await, modifier, threshold }
 }
 
 async fn run_one(

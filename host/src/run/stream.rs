@@ -13,13 +13,14 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::batch::{ToolResult, ToolUse};
+use crate::budget::Threshold;
 use crate::events::Event;
 use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
 use crate::run::call::{self, NOT_STARTED, PLANNING_PANICKED, RUN_PANICKED};
 use crate::run::interrupt::Interrupt;
 use crate::run::partition::Admission;
-use crate::run::scheduler::{self, Events, RunOptions};
+use crate::run::scheduler::{self, Events, Ran, RunOptions};
 
 /// Where calls arriving one by one are admitted. Made by
 /// [`Host::stream`](crate::Host::stream); clones share the stream.
@@ -234,19 +235,20 @@ impl Arrival {
         // Started: nothing left to withdraw.
         std::mem::forget(place);
 
-        let threshold = stream.options.budget.threshold(planned.entry.tool.spec());
         let running = scheduler::run_call(
             &stream.pool,
             Ok(planned),
             turn.context.clone(),
             &stream.options.budget,
-            threshold,
             &events,
             interrupt,
         );
-        let (result, modifier) = match AssertUnwindSafe(running).catch_unwind().await {
-            Ok(outcome) => outcome,
-            Err(_) => (ToolResult::error(&tool_use.id, RUN_PANICKED), None),
+        let Ran { result, modifier, threshold } = match AssertUnwindSafe(running).catch_unwind().await {
+            Ok(ran) => ran,
+            Err(_) => {
+                let result = ToolResult::error(&tool_use.id, RUN_PANICKED);
+                Ran { result, modifier: None, threshold: Threshold::default() }
+            }
         };
         turn.finish(modifier);
         let mut results = [result];
