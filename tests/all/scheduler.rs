@@ -371,3 +371,22 @@ fn a_call_that_panics_the_host_in_a_stream_gets_its_one_result_and_the_stream_go
         ]
     );
 }
+
+#[test]
+fn an_arrival_holds_one_call() {
+    let workspace = tempfile::tempdir().unwrap();
+    let host = block_on(host_of(workspace.path(), &["keel_tool_grep"]).build()).unwrap();
+    let stream = host.stream(keel_host::context::initial());
+    let arrival = stream.arrive();
+    let interrupt = keel_host::Interrupt::new();
+    let grep = |id: &str| ToolUse::new(id, "grep", json!({ "pattern": "x" }));
+    let (first, again) = block_on(async {
+        let again = arrival.clone();
+        (arrival.run(grep("first"), None, &interrupt).await, again.run(grep("again"), None, &interrupt).await)
+    });
+    assert!(!first.is_error, "{first:?}");
+    assert_eq!(
+        again,
+        ToolResult::error("again", "the host ran this call from an arrival that had already run one")
+    );
+}

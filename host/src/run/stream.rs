@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 use std::panic::AssertUnwindSafe;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use futures::FutureExt as _;
@@ -65,7 +66,8 @@ struct Waiter {
 }
 
 enum Step {
-    /// Arrived, waiting to be let plan: a window of calls waits ahead of it.
+    /// Arrived, not yet allowed to plan: a whole window of calls waits
+    /// ahead of it.
     Queued(Option<oneshot::Sender<()>>),
     /// Being planned.
     Planning,
@@ -89,7 +91,7 @@ impl CallStream {
         state.next_number += 1;
         let step = if state.waiting.len() < self.shared.window { Step::Planning } else { Step::Queued(None) };
         state.waiting.push_back(Waiter { number, step });
-        Arrival(Arc::new(Place { stream: self.shared.clone(), number }))
+        Arrival(Arc::new(Place { stream: self.shared.clone(), number, taken: AtomicBool::new(false) }))
     }
 
     /// The shared context as it is now: every modifier of a call that ran
@@ -107,7 +109,7 @@ impl Shared {
     }
 
     /// Start the oldest planned calls for as long as the rule lets them, then
-    /// let plan the queued calls that came within the window.
+    /// allow the queued calls now within the window to plan.
     fn pump(self: &Arc<Self>, state: &mut State) {
         while let Some(Waiter { step: Step::Planned { safe, .. }, .. }) = state.waiting.front() {
             let Some(context) = state.admission.start(*safe) else { break };
@@ -155,6 +157,8 @@ pub struct Arrival(Arc<Place>);
 struct Place {
     stream: Arc<Shared>,
     number: u64,
+    /// Whether a call was run from this place: a place holds one call.
+    taken: AtomicBool,
 }
 
 impl Arrival {
@@ -176,6 +180,9 @@ impl Arrival {
     /// runs, it stops a call whose tool's interrupt behaviour is `cancel`,
     /// and a `block` call runs to its end. Dropping the future gives the
     /// call's place or turn up.
+    ///
+    /// An arrival holds one call: a second `run` of it, or of a clone, is
+    /// answered with an error and runs nothing.
     pub async fn run(
         self,
         tool_use: ToolUse,
@@ -183,6 +190,10 @@ impl Arrival {
         interrupt: &Interrupt,
     ) -> ToolResult {
         let events = events.map_or(Events::Nobody, Events::Sink);
+        if self.0.taken.swap(true, Ordering::Relaxed) {
+            let message = "the host ran this call from an arrival that had already run one";
+            return finished(&events, ToolResult::error(&tool_use.id, message));
+        }
         let not_started = || ToolResult::error(&tool_use.id, NOT_STARTED);
         let stream = self.0.stream.clone();
         // However this ends before the call starts (a failed plan, an
@@ -191,7 +202,7 @@ impl Arrival {
         let place = Withdraw(&self.0);
         let queued = {
             let mut state = stream.lock();
-            let waiter = state.waiter(self.0.number).expect("a call waits until it is run");
+            let waiter = state.waiter(self.0.number).expect("a place is in the queue until its call runs");
             match &mut waiter.step {
                 Step::Queued(wake) => {
                     let (sender, receiver) = oneshot::channel();
@@ -199,14 +210,14 @@ impl Arrival {
                     Some(receiver)
                 }
                 Step::Planning => None,
-                Step::Planned { .. } => unreachable!("a call is run once"),
+                Step::Planned { .. } => unreachable!("a place is planned by its one call"),
             }
         };
         if let Some(queued) = queued {
             tokio::select! {
                 biased;
                 () = interrupt.interrupted() => return finished(&events, not_started()),
-                woken = queued => woken.expect("a queued call is let plan or withdrawn, never dropped"),
+                woken = queued => woken.expect("a queued call is allowed to plan or withdrawn, never dropped"),
             }
         }
 
@@ -223,7 +234,7 @@ impl Arrival {
         let (sender, receiver) = oneshot::channel();
         {
             let mut state = stream.lock();
-            let waiter = state.waiter(self.0.number).expect("a call waits until it is run");
+            let waiter = state.waiter(self.0.number).expect("a place is in the queue until its call runs");
             waiter.step = Step::Planned { safe: planned.concurrency_safe, turn: sender };
             stream.pump(&mut state);
         }
