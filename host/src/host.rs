@@ -155,7 +155,7 @@ impl HostBuilder {
         // Meanwhile, on another core, what the first schema compiled needs.
         let meta_schemas = tokio::task::spawn_blocking(crate::pool::schema::prepare_meta_schemas);
         let runtime = Arc::new(Runtime::new(&limits, self.cache_dir)?);
-        let grants = Grants::from_config(&self.config.plugins, &workspace)?;
+        let grants = Arc::new(Grants::from_config(&self.config.plugins, &workspace)?);
 
         let mut builtins: Vec<Arc<dyn Tool>> = self.native;
         if self.builtins {
@@ -176,7 +176,7 @@ impl HostBuilder {
                 }
             }
         }
-        let loaded = load_plugins(&runtime, files, grants, limits).await?;
+        let loaded = load_plugins(&runtime, files, grants.clone(), limits).await?;
         listed?;
         let mut plugins: Vec<Arc<dyn Tool>> = Vec::with_capacity(loaded.len());
         let mut reports = Vec::with_capacity(loaded.len());
@@ -214,7 +214,15 @@ impl HostBuilder {
             ledger: self.keep_ledger.then(|| Arc::new(tokio::sync::Mutex::new(self.ledger))),
             summarizer: self.summarizer.unwrap_or_else(|| Arc::new(DefaultSummarizer)),
         };
-        Ok(Host { runtime, pool: Arc::new(pool), workspace, warnings, reports, options: Arc::new(options) })
+        Ok(Host {
+            runtime,
+            pool: Arc::new(pool),
+            workspace,
+            grants,
+            warnings,
+            reports,
+            options: Arc::new(options),
+        })
     }
 }
 
@@ -228,7 +236,7 @@ impl HostBuilder {
 async fn load_plugins(
     runtime: &Arc<Runtime>,
     files: Vec<PathBuf>,
-    grants: Grants,
+    grants: Arc<Grants>,
     limits: Limits,
 ) -> Result<Vec<PluginTool>> {
     let threads = std::thread::available_parallelism().map_or(1, usize::from).min(files.len());
@@ -269,7 +277,7 @@ struct LoadQueue {
     /// The index of the next file to take.
     next: AtomicUsize,
     runtime: Arc<Runtime>,
-    grants: Grants,
+    grants: Arc<Grants>,
     limits: Limits,
 }
 
@@ -312,6 +320,7 @@ pub struct Host {
     runtime: Arc<Runtime>,
     pool: Arc<ToolPool>,
     workspace: PathBuf,
+    grants: Arc<Grants>,
     warnings: Vec<String>,
     reports: Vec<(String, LoadReport)>,
     options: Arc<RunOptions>,
@@ -354,6 +363,12 @@ impl Host {
     /// The workspace directory on the host.
     pub fn workspace(&self) -> &Path {
         &self.workspace
+    }
+
+    /// What each tool may reach besides its input, as the configuration
+    /// grants it.
+    pub fn grants(&self) -> &Grants {
+        &self.grants
     }
 
     /// Warnings from assembling the pool (tools left out, and why).

@@ -58,19 +58,17 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let (config, _) = Config::discover(args.host.config.as_deref(), &std::env::current_dir()?)?;
-        let grants_config = config.plugins.clone();
         // Each call's result is final: no ledger to keep them stable.
         let mut builder = args.host.builder_without_config()?.config(config).without_ledger();
         if let Some(dir) = session_dir(args.host.workspace.as_deref()) {
             builder = builder.session_dir(dir);
         }
         let host = builder.build().await?;
-        let grants = Grants::from_config(&grants_config, host.workspace())?;
         let events = match &args.events {
             Some(path) => Some(EventLog::create(path)?),
             None => None,
         };
-        let server = Server::new(host, &grants, events);
+        let server = Server::new(host, events);
         let (stdin, stdout) = rmcp::transport::stdio_pipes();
         let transport = Arrivals::new(AsyncRwTransport::new_server(stdin, stdout), server.stream.clone());
         tracing::info!("serving {} tools over MCP on stdio", server.tools.len());
@@ -106,8 +104,8 @@ struct Server {
 }
 
 impl Server {
-    fn new(host: Host, grants: &Grants, events: Option<EventLog>) -> Self {
-        let tools = mcp_tools(&host, grants).into();
+    fn new(host: Host, events: Option<EventLog>) -> Self {
+        let tools = mcp_tools(&host).into();
         let stream = host.stream(keel_host::context::initial());
         Server { stream, tools, events: events.map(Arc::new), _host: host }
     }
@@ -198,13 +196,13 @@ impl ServerHandler for Server {
 }
 
 /// The pool as the model sees it, as MCP tools.
-fn mcp_tools(host: &Host, grants: &Grants) -> Vec<rmcp::model::Tool> {
+fn mcp_tools(host: &Host) -> Vec<rmcp::model::Tool> {
     let pool = host.pool();
     pool.entries()
         .iter()
         .map(|entry| entry.tool.spec())
         .filter(|spec| !pool.is_deferred(spec))
-        .map(|spec| mcp_tool(spec, grants))
+        .map(|spec| mcp_tool(spec, host.grants()))
         .collect()
 }
 
