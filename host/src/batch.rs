@@ -8,7 +8,7 @@ use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
 use crate::error::{Error, Result};
-use crate::limits::{LimitKind, Limits, human_bytes};
+use crate::limits::{Limits, input_too_large};
 
 /// One `tool_use` block of a model turn.
 #[derive(Clone, Debug, PartialEq)]
@@ -149,12 +149,9 @@ pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Res
         };
         let input = match block.get("input") {
             None => Ok(json!({})),
-            Some(raw) if raw.get().len() > max_input => Err(format!(
-                "{} of {} exceeded: the input of content[{index}] is {} bytes",
-                LimitKind::Input,
-                human_bytes(max_input),
-                raw.get().len()
-            )),
+            Some(raw) if raw.get().len() > max_input => {
+                Err(input_too_large(max_input, &format!("the input of content[{index}]"), raw.get().len()))
+            }
             Some(raw) => match parse_value(raw) {
                 // Some agents pass the input as the model's raw JSON text.
                 Ok(Value::String(text)) => serde_json::from_str(&text)

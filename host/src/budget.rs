@@ -8,9 +8,10 @@
 //! | per message | 200,000 chars over all results of one message | the largest results are persisted one at a time until it fits |
 //!
 //! **Units.** A *char* is a Unicode scalar value (`str::chars`), what the
-//! per-tool and per-message limits count. The absolute cap is that of the runtime keel follows:
-//! 100,000 tokens at a conservative 4 bytes each, and stays in bytes: it is
-//! checked on the UTF-8 length, beside the char limit. A char is 1 to 4
+//! per-tool and per-message limits count. The absolute cap, that of the
+//! runtime keel follows, is 100,000 tokens at a conservative 4 bytes each,
+//! and stays in bytes: it is checked on the UTF-8 length, beside the char
+//! limit. A char is 1 to 4
 //! bytes, so a result within the default 50,000 chars is at most 200,000
 //! bytes and the byte cap never fires; it bites when a tool's threshold is
 //! raised by config past 100,000 chars, and for an untrusted plugin that

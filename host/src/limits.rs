@@ -174,6 +174,12 @@ impl fmt::Display for LimitKind {
     }
 }
 
+/// Why an input of `size` bytes of JSON text was refused under a cap of
+/// `max_input`; `input` names it ("the input", "the input of content[3]").
+pub(crate) fn input_too_large(max_input: usize, input: &str, size: usize) -> String {
+    format!("{} of {} exceeded: {input} is {size} bytes", LimitKind::Input, human_bytes(max_input))
+}
+
 /// A byte count as a person reads it: `256 MiB`, `1 MiB`, `512 KiB`, `100 B`.
 pub fn human_bytes(bytes: usize) -> String {
     match bytes {

@@ -114,8 +114,8 @@ pub enum InterruptBehavior {
 pub enum ResultSize {
     /// At most this many characters.
     Chars(u64),
-    /// The tool bounds its own output and is never persisted (`Infinity` in the runtime
-    /// keel follows, as for `Read`).
+    /// The tool bounds its own output and is never persisted (`Infinity` in
+    /// the runtime keel follows), as `Read` does.
     SelfBounded,
 }
 

@@ -9,8 +9,8 @@ use sha2::{Digest, Sha256};
 
 use crate::fs::Staged;
 
-/// Opens the block that replaces a persisted result (`PERSISTED_OUTPUT_TAG` in the runtime
-/// keel follows).
+/// Opens the block that replaces a persisted result (`PERSISTED_OUTPUT_TAG`
+/// in the runtime keel follows).
 pub const PERSISTED_OUTPUT_TAG: &str = "<persisted-output>";
 
 /// Closes the block that replaces a persisted result.

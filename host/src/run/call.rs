@@ -8,7 +8,7 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::batch::{ToolResult, ToolUse};
-use crate::limits::{BatchFuel, LimitKind, human_bytes};
+use crate::limits::{BatchFuel, input_too_large};
 use crate::permissions::PendingCall;
 use crate::pool::{PoolEntry, ToolPool};
 use crate::run::interrupt::Interrupt;
@@ -62,8 +62,8 @@ pub async fn prepare(
         .map_err(|reason| fail(format!("Invalid input for {}: {reason}", spec.name)))?;
     let size = json_size(input);
     if size > max_input {
-        let limit = format!("{} of {} exceeded", LimitKind::Input, human_bytes(max_input));
-        return Err(fail(format!("Invalid input for {}: {limit}: the input is {size} bytes", spec.name)));
+        let reason = input_too_large(max_input, "the input", size);
+        return Err(fail(format!("Invalid input for {}: {reason}", spec.name)));
     }
     check_schema(entry, input).map_err(&fail)?;
     let mut invocation =
@@ -91,25 +91,25 @@ impl Prepared {
     /// call itself. An interrupt stops a `cancel` call; a `block` call runs
     /// to its end.
     pub async fn run(
-        mut self,
+        self,
         pool: &ToolPool,
         cx: CallContext,
         interrupt: &Interrupt,
     ) -> (ToolResult, Option<Value>) {
-        let fail = |message: String| (ToolResult::error(&self.id, message), None);
-        let entry = self.entry.clone();
+        let Prepared { id, entry, mut invocation, .. } = self;
+        let fail = |message: String| (ToolResult::error(&id, message), None);
         let spec = entry.tool.spec();
         let name = &spec.name;
-        if let Err(reason) = self.invocation.validate_input().await {
+        if let Err(reason) = invocation.validate_input().await {
             return fail(format!("Invalid input for {name}: {reason}"));
         }
-        let tool_asks = match self.invocation.check_permissions().await {
+        let tool_asks = match invocation.check_permissions().await {
             PermissionDecision::Allow(None) => None,
             PermissionDecision::Allow(Some(updated)) => {
                 if let Err(reason) = check_schema(&entry, &updated) {
                     return fail(reason);
                 }
-                self.invocation.set_input(updated);
+                invocation.set_input(updated);
                 None
             }
             PermissionDecision::Deny(message) => {
@@ -117,10 +117,10 @@ impl Prepared {
             }
             PermissionDecision::Ask(message) => Some(message),
         };
-        if let Err(message) = authorize(pool, spec, &mut *self.invocation, tool_asks, interrupt).await {
+        if let Err(message) = authorize(pool, spec, &mut *invocation, tool_asks, interrupt).await {
             return fail(message);
         }
-        let call = self.invocation.call(cx);
+        let call = invocation.call(cx);
         let outcome = match spec.interrupt {
             InterruptBehavior::Block => call.await,
             InterruptBehavior::Cancel => tokio::select! {
@@ -129,7 +129,7 @@ impl Prepared {
             },
         };
         match outcome {
-            Ok(output) => (ToolResult::ok(&self.id, output.content), output.context_modifier),
+            Ok(output) => (ToolResult::ok(&id, output.content), output.context_modifier),
             Err(error) => fail(call_failed(name, &error)),
         }
     }

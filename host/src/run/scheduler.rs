@@ -1,7 +1,7 @@
-//! Running a batch (README, "How a batch runs"): plan every call, cut the batch into runs
-//! of concurrency-safe calls and single unsafe calls, run each run with at
-//! most `cap` calls in flight and each unsafe call alone, and hand back
-//! exactly one result per `tool_use`, in order.
+//! Running a batch (README, "How a batch runs"): plan every call, cut the
+//! batch into runs of concurrency-safe calls and single unsafe calls, run
+//! each run with at most `cap` calls in flight and each unsafe call alone,
+//! and hand back exactly one result per `tool_use`, in order.
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -18,7 +18,7 @@ use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
 use crate::run::call::{self, NOT_STARTED, PLANNING_PANICKED, Prepared, RUN_PANICKED};
 use crate::run::context;
-pub use crate::run::interrupt::Interrupt;
+use crate::run::interrupt::Interrupt;
 use crate::run::partition::{Admission, partition};
 use crate::tool::CallContext;
 
@@ -209,7 +209,7 @@ async fn run_many(
     pool: &Arc<ToolPool>,
     uses: Arc<[ToolUse]>,
     context: Value,
-    options: &RunOptions,
+    options: &Arc<RunOptions>,
     events: &Events,
     interrupt: &Interrupt,
 ) -> (Vec<ToolResult>, Vec<Threshold>, Value) {
@@ -221,9 +221,8 @@ async fn run_many(
         uses,
         events: events.clone(),
         interrupt: interrupt.clone(),
-        budget: options.budget.clone(),
+        options: options.clone(),
         fuel: options.batch_fuel.map(BatchFuel::new),
-        max_input: options.max_input,
         window: planning_window(cap),
         state: Mutex::new(State {
             calls: (0..count).map(|_| Slot::Unplanned).collect(),
@@ -314,9 +313,8 @@ struct Batch {
     uses: Arc<[ToolUse]>,
     events: Events,
     interrupt: Interrupt,
-    budget: Budget,
+    options: Arc<RunOptions>,
     fuel: Option<BatchFuel>,
-    max_input: usize,
     /// Calls planned ahead: see [`MIN_PLANNING_WINDOW`].
     window: usize,
     state: Mutex<State>,
@@ -385,7 +383,8 @@ impl Batch {
     /// what to plan next.
     async fn plan_claimed(self: &Arc<Self>, index: usize) -> (Vec<Start>, std::ops::Range<usize>) {
         let guard = Failing { batch: self, index, running: false };
-        let call = call::prepare(&self.pool, &self.uses[index], self.fuel.as_ref(), self.max_input).await;
+        let call =
+            call::prepare(&self.pool, &self.uses[index], self.fuel.as_ref(), self.options.max_input).await;
         std::mem::forget(guard);
         self.lock().planned(self, index, call)
     }
@@ -407,7 +406,9 @@ impl Batch {
                 continue;
             };
             let guard = Failing { batch: self, index, running: true };
-            let ran = run_call(&self.pool, call, context, &self.budget, &self.events, &self.interrupt).await;
+            let ran =
+                run_call(&self.pool, call, context, &self.options.budget, &self.events, &self.interrupt)
+                    .await;
             std::mem::forget(guard);
             (starts, plans) = self.lock().finished(self, index, ran);
         }
@@ -444,9 +445,7 @@ impl Drop for Failing<'_> {
         let (batch, index) = (self.batch, self.index);
         let id = &batch.uses[index].id;
         let (starts, plans) = if self.running {
-            let result = ToolResult::error(id, RUN_PANICKED);
-            let ran = Ran { result, modifier: None, threshold: Threshold::default() };
-            batch.lock().finished(batch, index, ran)
+            batch.lock().finished(batch, index, Ran::panicked(id))
         } else {
             let result = ToolResult::error(id, PLANNING_PANICKED);
             batch.lock().planned(batch, index, Err(result))
@@ -548,6 +547,13 @@ pub(crate) struct Ran {
     /// The per-tool budget its result was held to, which the per-message
     /// budget goes on from.
     pub(crate) threshold: Threshold,
+}
+
+impl Ran {
+    /// The result of a call whose run panicked in the host.
+    pub(crate) fn panicked(id: &str) -> Self {
+        Ran { result: ToolResult::error(id, RUN_PANICKED), modifier: None, threshold: Threshold::default() }
+    }
 }
 
 /// Run one planned call (or pass on its planning failure), and hold its

@@ -14,11 +14,10 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::batch::{ToolResult, ToolUse};
-use crate::budget::Threshold;
 use crate::events::Event;
 use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
-use crate::run::call::{self, NOT_STARTED, PLANNING_PANICKED, RUN_PANICKED};
+use crate::run::call::{self, NOT_STARTED, PLANNING_PANICKED};
 use crate::run::interrupt::Interrupt;
 use crate::run::partition::Admission;
 use crate::run::scheduler::{self, Events, Ran, RunOptions};
@@ -254,13 +253,8 @@ impl Arrival {
             &events,
             interrupt,
         );
-        let Ran { result, modifier, threshold } = match AssertUnwindSafe(running).catch_unwind().await {
-            Ok(ran) => ran,
-            Err(_) => {
-                let result = ToolResult::error(&tool_use.id, RUN_PANICKED);
-                Ran { result, modifier: None, threshold: Threshold::default() }
-            }
-        };
+        let ran = AssertUnwindSafe(running).catch_unwind().await;
+        let Ran { result, modifier, threshold } = ran.unwrap_or_else(|_| Ran::panicked(&tool_use.id));
         turn.finish(modifier);
         let mut results = [result];
         stream.options.per_message(&mut results, &[threshold]).await;
