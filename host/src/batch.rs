@@ -7,6 +7,7 @@ use serde::Serialize;
 use serde_json::value::RawValue;
 use serde_json::{Value, json};
 
+use crate::content::{Content, ContentBlock};
 use crate::error::{Error, Result};
 use crate::limits::{Limits, input_too_large};
 
@@ -28,7 +29,7 @@ impl ToolUse {
     }
 }
 
-/// One `tool_result` block.
+/// One `tool_result` block, as the Anthropic Messages API takes it.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize)]
 pub struct ToolResult {
     /// Always `tool_result`.
@@ -36,33 +37,69 @@ pub struct ToolResult {
     pub kind: &'static str,
     /// The id of the `tool_use` it answers.
     pub tool_use_id: String,
-    /// What the model reads.
-    pub content: String,
+    /// What the model reads: text, or text and image blocks. A structured
+    /// value the tool gave no text for is here as its JSON text.
+    pub content: Content,
     /// Set when the call failed.
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub is_error: bool,
+    /// The structured value of a tool that declares an output schema,
+    /// checked against it (MCP's `structuredContent`). Not part of the
+    /// Anthropic block; dropped when the budgets replace the result.
+    #[serde(skip)]
+    pub structured: Option<Value>,
 }
 
 impl ToolResult {
     /// A successful result.
-    pub fn ok(tool_use_id: impl Into<String>, content: impl Into<String>) -> Self {
+    pub fn ok(tool_use_id: impl Into<String>, content: impl Into<Content>) -> Self {
         ToolResult {
             kind: "tool_result",
             tool_use_id: tool_use_id.into(),
             content: content.into(),
             is_error: false,
+            structured: None,
         }
     }
 
     /// A failed result.
-    pub fn error(tool_use_id: impl Into<String>, content: impl Into<String>) -> Self {
+    pub fn error(tool_use_id: impl Into<String>, message: impl Into<String>) -> Self {
         ToolResult {
             kind: "tool_result",
             tool_use_id: tool_use_id.into(),
-            content: content.into(),
+            content: Content::Text(message.into()),
             is_error: true,
+            structured: None,
         }
     }
+}
+
+/// `results` as the messages of an OpenAI Chat Completions conversation: one
+/// `{"role": "tool", "tool_call_id", "content"}` message per result. That
+/// format carries text only, so each image left out is named in one line
+/// of text where it stood.
+pub fn openai_messages(results: &[ToolResult]) -> Vec<Value> {
+    results
+        .iter()
+        .map(|result| {
+            let content = match &result.content {
+                Content::Text(text) => text.clone(),
+                Content::Blocks(blocks) => blocks
+                    .iter()
+                    .map(|block| match block {
+                        ContentBlock::Text(text) => text.clone(),
+                        ContentBlock::Image(image) => format!(
+                            "[an image ({}, {} bytes) was left out: this format carries text only]",
+                            image.media_type,
+                            image.data.len()
+                        ),
+                    })
+                    .collect::<Vec<_>>()
+                    .join("\n"),
+            };
+            json!({ "role": "tool", "tool_call_id": result.tool_use_id, "content": content })
+        })
+        .collect()
 }
 
 /// The user message that carries `results` back to the model.

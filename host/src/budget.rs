@@ -56,6 +56,7 @@ pub use self::persist::{
 };
 use crate::batch::ToolResult;
 use crate::budget::ledger::{Decision, Ledger};
+use crate::content::{Content, ContentBlock, Image, ImageInfo};
 pub use crate::contract::DEFAULT_MAX_RESULT_SIZE_CHARS;
 use crate::tool::{ResultSize, ToolSpec};
 
@@ -74,6 +75,65 @@ pub const MAX_TOOL_RESULT_BYTES: u64 = MAX_TOOL_RESULT_TOKENS * BYTES_PER_TOKEN;
 /// parallel calls just under the per-tool cap would put 10 × 40K = 400K chars
 /// into one message.
 pub const MAX_TOOL_RESULTS_PER_MESSAGE_CHARS: u64 = 200_000;
+
+/// The most bytes an image may hold and still reach a message: the Messages
+/// API refuses a larger one (5 MB).
+pub const MAX_IMAGE_BYTES: u64 = 5 * 1024 * 1024;
+
+/// The most pixels an image may measure on either side and still reach a
+/// message: the Messages API refuses a larger one.
+pub const MAX_IMAGE_SIDE_PX: u64 = 8_000;
+
+/// Pixels per token of an image, as the Messages API counts an image's cost
+/// (`width × height / 750`).
+pub const IMAGE_PIXELS_PER_TOKEN: u64 = 750;
+
+/// What an image of `info`'s size counts for in the budgets, in chars: the
+/// tokens a model spends on it, at [`BYTES_PER_TOKEN`] chars each, as text is
+/// counted. An image is budgeted by what it costs the model's context, not by
+/// its bytes: a 100 KB screenshot costs about as much as 5,000 chars of text.
+pub fn image_chars(info: ImageInfo) -> u64 {
+    info.width.saturating_mul(info.height).div_ceil(IMAGE_PIXELS_PER_TOKEN).saturating_mul(BYTES_PER_TOKEN)
+}
+
+/// Why an image never reaches a message, if it would not: the Messages API
+/// refuses it, or its header cannot be read.
+fn refused(image: &Image) -> Option<String> {
+    match image.check() {
+        Err(reason) => Some(format!("the image {reason}")),
+        Ok(info)
+            if image.data.len() as u64 > MAX_IMAGE_BYTES
+                || info.width.max(info.height) > MAX_IMAGE_SIDE_PX =>
+        {
+            Some(format!(
+                "it measures {}×{} px, and a model takes at most {MAX_IMAGE_SIDE_PX} px a side and \
+                 {MAX_IMAGE_BYTES} bytes",
+                info.width, info.height
+            ))
+        }
+        Ok(_) => None,
+    }
+}
+
+/// What `content` counts for in the budgets, in chars: its text, and each
+/// image by [`image_chars`].
+pub fn content_chars(content: &Content) -> u64 {
+    match content {
+        Content::Text(text) => text.chars().count() as u64,
+        Content::Blocks(blocks) => blocks
+            .iter()
+            .map(|block| match block {
+                ContentBlock::Text(text) => text.chars().count() as u64,
+                ContentBlock::Image(image) => image.check().map_or(0, image_chars),
+            })
+            .sum(),
+    }
+}
+
+/// Whether `content` is a replacement the budgets made (see [`is_replacement`]).
+fn is_replaced(content: &Content, is_error: bool) -> bool {
+    content.as_text().is_some_and(|text| is_replacement(text, is_error))
+}
 
 /// `[budget]` of `keel.toml`: overrides of the per-message limit and of
 /// per-tool thresholds.
@@ -129,6 +189,19 @@ impl Threshold {
             Threshold::SelfBounded => false,
             Threshold::Chars(chars) => {
                 content.len() as u64 > MAX_TOOL_RESULT_BYTES || content.chars().count() as u64 > chars
+            }
+        }
+    }
+
+    /// Whether `content` is past this threshold: its text by its bytes and
+    /// chars as [`Threshold::exceeded_by`], with each image counted in by
+    /// [`image_chars`].
+    pub fn exceeded_by_content(self, content: &Content) -> bool {
+        match (self, content) {
+            (_, Content::Text(text)) => self.exceeded_by(text),
+            (Threshold::SelfBounded, Content::Blocks(_)) => false,
+            (Threshold::Chars(chars), Content::Blocks(_)) => {
+                content.text().len() as u64 > MAX_TOOL_RESULT_BYTES || content_chars(content) > chars
             }
         }
     }
@@ -266,13 +339,96 @@ impl Budget {
     /// fails, the result becomes an error holding the reason and the preview
     /// (see [`persist_failed`]). A result that already is a replacement is
     /// left as it is.
+    ///
+    /// Before either, an image a model would refuse (over
+    /// [`MAX_IMAGE_BYTES`], or over [`MAX_IMAGE_SIDE_PX`] on a side) is
+    /// persisted as `tool-results/<id>-image-<n>.<ext>` and replaced by a
+    /// text block naming the file, whatever the threshold. Past the
+    /// threshold, a result with images is persisted whole: its text as a
+    /// text result is, each image to a file of its own, and it becomes text.
     pub async fn per_tool(&self, result: ToolResult, threshold: Threshold) -> ToolResult {
-        if !threshold.exceeded_by(&result.content) || is_replacement(&result.content, result.is_error) {
+        let mut result = self.refuse_images(result).await;
+        if !threshold.exceeded_by_content(&result.content) || is_replaced(&result.content, result.is_error) {
             return result;
         }
-        let ToolResult { kind, tool_use_id, content, is_error } = result;
-        let (content, is_error) = self.persist(&tool_use_id, content, is_error).await;
-        ToolResult { kind, tool_use_id, content, is_error }
+        let content = std::mem::take(&mut result.content);
+        (result.content, result.is_error) =
+            self.persist_content(&result.tool_use_id, content, result.is_error).await;
+        result.structured = None;
+        result
+    }
+
+    /// Persist and replace every image of `result` a model would refuse.
+    async fn refuse_images(&self, mut result: ToolResult) -> ToolResult {
+        let Content::Blocks(blocks) = &mut result.content else { return result };
+        let mut number = 0;
+        for block in blocks.iter_mut() {
+            let ContentBlock::Image(image) = block else { continue };
+            number += 1;
+            if let Some(why) = refused(image) {
+                let (note, failed) = self.persist_image(&result.tool_use_id, number, image, &why).await;
+                result.is_error |= failed;
+                *block = ContentBlock::Text(note);
+            }
+        }
+        let blocks = std::mem::take(blocks);
+        result.content = Content::from_blocks(blocks);
+        result
+    }
+
+    /// Persist `content` whole: what the model reads instead (text), and
+    /// whether it is an error.
+    async fn persist_content(&self, tool_use_id: &str, content: Content, is_error: bool) -> (Content, bool) {
+        let blocks = match content {
+            Content::Text(text) => {
+                let (text, is_error) = self.persist(tool_use_id, text, is_error).await;
+                return (Content::Text(text), is_error);
+            }
+            Content::Blocks(blocks) => blocks,
+        };
+        let text = Content::Blocks(blocks.clone()).text().into_owned();
+        let mut shown = Vec::new();
+        let mut is_error = is_error;
+        if !text.is_empty() {
+            let (block, failed) = self.persist(tool_use_id, text, is_error).await;
+            is_error = failed;
+            shown.push(ContentBlock::Text(block));
+        }
+        let images = blocks.into_iter().filter_map(|block| match block {
+            ContentBlock::Image(image) => Some(image),
+            ContentBlock::Text(_) => None,
+        });
+        for (number, image) in (1..).zip(images) {
+            let why = "the result is over its budget".to_string();
+            let (note, failed) = self.persist_image(tool_use_id, number, &image, &why).await;
+            is_error |= failed;
+            shown.push(ContentBlock::Text(note));
+        }
+        (Content::from_blocks(shown), is_error)
+    }
+
+    /// Persist image `number` of a result: the text block naming its file,
+    /// and whether persisting failed.
+    async fn persist_image(
+        &self,
+        tool_use_id: &str,
+        number: usize,
+        image: &Image,
+        why: &str,
+    ) -> (String, bool) {
+        let file = persist::image_file_name(tool_use_id, number, image.extension());
+        let shown = persist::shown_path(&self.shown_root, &file);
+        let (store, bytes) = (self.store.clone(), image.data.clone());
+        let written = tokio::task::spawn_blocking(move || store.write(&file, &bytes))
+            .await
+            .unwrap_or_else(|_| Err(std::io::Error::other("the writer panicked")));
+        match written {
+            Ok(()) => (persist::persisted_image_block(image, why, &shown), false),
+            Err(error) => {
+                tracing::warn!("failed to persist image {number} of {tool_use_id} to {shown}: {error}");
+                (persist::image_persist_failed(image, why, &shown, &error), true)
+            }
+        }
     }
 
     /// The third tier, for the results of one message once all are in.
@@ -303,22 +459,22 @@ impl Budget {
         for (index, result) in results.iter_mut().enumerate() {
             match ledger.get(&result.tool_use_id) {
                 Some(Decision::Replaced { content, is_error }) => {
-                    result.content.clone_from(content);
+                    result.content = Content::Text(content.clone());
                     result.is_error = *is_error;
+                    result.structured = None;
                 }
                 Some(Decision::Kept) => {}
                 None => undecided.push(index),
             }
         }
-        let mut sizes: Vec<u64> =
-            results.iter().map(|result| result.content.chars().count() as u64).collect();
+        let mut sizes: Vec<u64> = results.iter().map(|result| content_chars(&result.content)).collect();
         let mut total: u64 = sizes.iter().sum();
         let mut candidates: Vec<usize> = undecided
             .iter()
             .copied()
             .filter(|&index| {
                 thresholds[index].replaceable()
-                    && !is_replacement(&results[index].content, results[index].is_error)
+                    && !is_replaced(&results[index].content, results[index].is_error)
             })
             .collect();
         candidates.sort_by_key(|&index| (std::cmp::Reverse(sizes[index]), index));
@@ -329,17 +485,19 @@ impl Budget {
             let result = &mut results[index];
             let content = std::mem::take(&mut result.content);
             (result.content, result.is_error) =
-                self.persist(&result.tool_use_id, content, result.is_error).await;
-            let size = result.content.chars().count() as u64;
+                self.persist_content(&result.tool_use_id, content, result.is_error).await;
+            result.structured = None;
+            let size = content_chars(&result.content);
             total = total - sizes[index] + size;
             sizes[index] = size;
         }
         for index in undecided {
             let result = &results[index];
-            let decision = if is_replacement(&result.content, result.is_error) {
-                Decision::Replaced { content: result.content.clone(), is_error: result.is_error }
-            } else {
-                Decision::Kept
+            let decision = match &result.content {
+                Content::Text(text) if is_replacement(text, result.is_error) => {
+                    Decision::Replaced { content: text.clone(), is_error: result.is_error }
+                }
+                _ => Decision::Kept,
             };
             ledger.record(&result.tool_use_id, decision);
         }

@@ -7,6 +7,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::batch::ToolResult;
+use crate::content::Content;
 
 /// One event of a batch run. Serialized as one JSON object with a `type`.
 #[derive(Clone, Debug, PartialEq, Serialize)]
@@ -46,8 +47,11 @@ pub enum Event {
     ToolResult {
         /// Its `tool_use` id.
         tool_use_id: String,
-        /// What the model reads.
-        content: String,
+        /// What the model reads: text, or text and image blocks.
+        content: Content,
+        /// The structured value of a tool that declares an output schema.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        structured_content: Option<Value>,
         /// Whether the call failed.
         #[serde(skip_serializing_if = "std::ops::Not::not")]
         is_error: bool,
@@ -60,7 +64,7 @@ pub enum Event {
         /// Its `tool_use` id.
         tool_use_id: String,
         /// The replacement: a `<persisted-output>` block.
-        content: String,
+        content: Content,
     },
     /// Every call of the batch has its result.
     BatchFinished {
@@ -97,6 +101,7 @@ impl Event {
         Event::ToolResult {
             tool_use_id: result.tool_use_id.clone(),
             content: result.content.clone(),
+            structured_content: result.structured.clone(),
             is_error: result.is_error,
         }
     }

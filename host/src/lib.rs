@@ -32,6 +32,7 @@
 pub mod batch;
 pub mod budget;
 pub mod config;
+pub mod content;
 pub mod contract;
 pub mod error;
 pub mod events;
@@ -45,6 +46,7 @@ mod run;
 pub mod tool;
 
 pub use batch::{ToolResult, ToolUse};
+pub use content::{Content, ContentBlock, Image};
 pub use contract::CONTRACT_VERSION;
 pub use error::{Error, Result};
 pub use events::Event;

@@ -38,6 +38,9 @@ pub struct PoolEntry {
     pub tool: Arc<dyn Tool>,
     /// Its input schema, compiled once.
     pub schema: InputSchema,
+    /// Its output schema, compiled once, when it declares one: every
+    /// structured value it returns is checked against it.
+    pub output_schema: Option<InputSchema>,
 }
 
 /// How a pool is assembled.
@@ -165,20 +168,26 @@ impl ToolPool {
     /// Add `tool` at the end, under its name and every alias not taken.
     fn push(&mut self, tool: Arc<dyn Tool>) -> Result<()> {
         let spec = tool.spec();
-        let schema = InputSchema::compile(&spec.input_schema).map_err(|reason| match &spec.origin {
-            ToolOrigin::Plugin { path } => {
-                Error::plugin(path, format!("the input schema of `{}` is invalid: {reason}", spec.name))
+        let invalid = |which: &str, reason: String| match &spec.origin {
+            ToolOrigin::Plugin { path, .. } => {
+                Error::plugin(path, format!("the {which} schema of `{}` is invalid: {reason}", spec.name))
             }
             ToolOrigin::BuiltIn => {
-                Error::Engine(format!("built-in `{}` has an invalid schema: {reason}", spec.name))
+                Error::Engine(format!("built-in `{}` has an invalid {which} schema: {reason}", spec.name))
             }
-        })?;
+        };
+        let schema = InputSchema::compile(&spec.input_schema).map_err(|reason| invalid("input", reason))?;
+        let output_schema = spec
+            .output_schema
+            .as_ref()
+            .map(|schema| InputSchema::compile_output(schema).map_err(|reason| invalid("output", reason)))
+            .transpose()?;
         let position = self.entries.len();
         self.index.insert(spec.name.clone(), position);
         for alias in &spec.aliases {
             self.index.entry(alias.clone()).or_insert(position);
         }
-        self.entries.push(Arc::new(PoolEntry { tool, schema }));
+        self.entries.push(Arc::new(PoolEntry { tool, schema, output_schema }));
         Ok(())
     }
 
@@ -221,7 +230,7 @@ impl ToolPool {
 fn describe(origin: &ToolOrigin) -> String {
     match origin {
         ToolOrigin::BuiltIn => "the built-in".into(),
-        ToolOrigin::Plugin { path } => format!("plugin {}", path.display()),
+        ToolOrigin::Plugin { path, .. } => format!("plugin {}", path.display()),
     }
 }
 

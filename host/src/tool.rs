@@ -12,6 +12,7 @@ use async_trait::async_trait;
 use serde::Serialize;
 use serde_json::Value;
 
+use crate::content::ContentBlock;
 use crate::limits::{BatchFuel, LimitKind};
 
 /// Everything about a tool that does not depend on its input, read once.
@@ -95,6 +96,8 @@ pub enum ToolOrigin {
     Plugin {
         /// The component file.
         path: std::path::PathBuf,
+        /// The contract version the component was built against.
+        contract: &'static str,
     },
 }
 
@@ -133,10 +136,24 @@ pub enum PermissionDecision {
 /// A successful call's output.
 #[derive(Clone, Debug, PartialEq)]
 pub struct CallOutput {
-    /// The text handed to the model.
-    pub content: String,
+    /// What the model reads, in order: text and image blocks.
+    pub content: Vec<ContentBlock>,
+    /// A structured value, for a tool that declares an output schema; the
+    /// host checks it against that schema.
+    pub structured: Option<Value>,
     /// A JSON merge patch for the shared context.
     pub context_modifier: Option<Value>,
+}
+
+impl CallOutput {
+    /// An output of one text block, with no structured value or context change.
+    pub fn text(text: impl Into<String>) -> Self {
+        CallOutput {
+            content: vec![ContentBlock::Text(text.into())],
+            structured: None,
+            context_modifier: None,
+        }
+    }
 }
 
 /// Why a call produced no output.
@@ -198,10 +215,12 @@ pub trait Tool: Send + Sync + 'static {
     /// The input-independent facts.
     fn spec(&self) -> &ToolSpec;
 
-    /// Begin one call on `input`: the returned invocation answers the
-    /// per-input questions and then runs the call. For a plugin this is one
-    /// fresh sandbox, replaced by another if a question traps.
-    async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError>;
+    /// Begin one call on `input`, to run with `context` (the shared context
+    /// as the call is planned): the returned invocation answers the
+    /// per-input questions under that context and then runs the call. For a
+    /// plugin this is one fresh sandbox, replaced by another if a question
+    /// traps.
+    async fn invoke(&self, input: Value, context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError>;
 
     /// Whether two inputs ask for the same thing. Default: equal JSON.
     async fn inputs_equivalent(&self, a: &Value, b: &Value) -> bool {
@@ -209,7 +228,9 @@ pub trait Tool: Send + Sync + 'static {
     }
 }
 
-/// One call of a tool on one input: the per-input questions, then the call.
+/// One call of a tool on one input, under one context: the per-input
+/// questions, then the call. Every answer is about the input and the context
+/// together; the host asks again after [`Invocation::set_context`].
 ///
 /// Each default is the conservative answer (README, "Write a tool"), which is also what
 /// a plugin's answer falls back to when it traps.
@@ -271,6 +292,12 @@ pub trait Invocation: Send {
 
     /// Replace the input, after a permission decision updated it.
     fn set_input(&mut self, input: Value);
+
+    /// The context the call will run with changed since the invocation
+    /// began (an earlier call's modifier applied): every answer given under
+    /// the old one is forgotten, and the questions are asked again under
+    /// this one.
+    fn set_context(&mut self, context: Arc<Value>);
 
     /// Draw this call's fuel, its questions included, from `fuel`, the
     /// allowance of the whole batch. Default: nothing to draw (native tools

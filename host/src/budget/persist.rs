@@ -139,6 +139,44 @@ pub fn persisted_block(content: &str, shown_path: &str) -> String {
     block
 }
 
+/// The file an image of a result is persisted to: image `number` (from 1) of
+/// the result of `tool_use_id`, named after the result's own file.
+pub fn image_file_name(tool_use_id: &str, number: usize, extension: &str) -> String {
+    let text = file_name(tool_use_id);
+    let stem = text.strip_suffix(".txt").unwrap_or(&text);
+    format!("{stem}-image-{number}.{extension}")
+}
+
+/// What the model reads in place of a persisted image: a
+/// `<persisted-output>` block saying why it was left out and where it is.
+///
+/// ```text
+/// <persisted-output>
+/// Image left out (image/png, 6291456 bytes): the image (9000×1 px, 6291456 bytes) is larger than …. Saved to: tool-results/t1-image-1.png
+/// </persisted-output>
+/// ```
+pub fn persisted_image_block(image: &crate::content::Image, why: &str, shown_path: &str) -> String {
+    format!(
+        "{PERSISTED_OUTPUT_TAG}\nImage left out ({}, {} bytes): {why}. Saved to: {shown_path}\n{PERSISTED_OUTPUT_CLOSING_TAG}",
+        image.media_type,
+        image.data.len()
+    )
+}
+
+/// What the model reads in place of an image that could not be persisted.
+pub fn image_persist_failed(
+    image: &crate::content::Image,
+    why: &str,
+    shown_path: &str,
+    error: &dyn std::fmt::Display,
+) -> String {
+    format!(
+        "{PERSIST_FAILED_PREFIX} ({}, {} bytes) to {shown_path}: {error}. The image was left out: {why}.",
+        image.media_type,
+        image.data.len()
+    )
+}
+
 /// The error result that replaces a result which could not be persisted: the
 /// reason, and the same preview a persisted block would hold.
 ///

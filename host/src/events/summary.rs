@@ -53,7 +53,7 @@ pub struct SummaryCall {
     pub name: String,
     /// The input; `null` when it was not valid JSON.
     pub input: Value,
-    /// The result's content, as sent (after budgets).
+    /// The result's text, as sent (after budgets), images left out.
     pub output: String,
     /// Whether the call failed.
     pub is_error: bool,
@@ -66,7 +66,7 @@ impl SummaryCall {
             tool_use_id: tool_use.id.clone(),
             name: tool_use.name.clone(),
             input: tool_use.input.clone().unwrap_or(Value::Null),
-            output: result.content.clone(),
+            output: result.content.text().into_owned(),
             is_error: result.is_error,
         }
     }

@@ -14,7 +14,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 
 use crate::error::{Error, Result};
 use crate::limits::Limits;
-use crate::load::bindings::Tool as ToolBindings;
+use crate::load::bindings::{v0_2, v0_3};
 use crate::load::sandbox::{EPOCH_TICK, SandboxState, SharedPreopens, root_cause};
 
 /// How many instances may be alive at once across all calls. A batch keeps
@@ -89,8 +89,13 @@ impl Runtime {
                 Ok(())
             })
             .map_err(|error| Error::Engine(format!("failed to link WASI: {error:#}")))?;
-        ToolBindings::add_to_linker::<_, wasmtime::component::HasSelf<SandboxState>>(&mut linker, |state| {
+        // Every contract version's host imports, side by side: a component
+        // links against those of the version it was built for.
+        v0_2::Tool::add_to_linker::<_, wasmtime::component::HasSelf<SandboxState>>(&mut linker, |state| {
             state
+        })
+        .and_then(|()| {
+            v0_3::Tool::add_to_linker::<_, wasmtime::component::HasSelf<SandboxState>>(&mut linker, |s| s)
         })
         .map_err(|error| Error::Engine(format!("failed to link host imports: {error:#}")))?;
 

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use wasmtime::Store;
 
-use super::bindings::ToolPre;
+use super::bindings::ContentBlock;
+use super::bindings::v0_3::ToolPre;
 use super::engine::{RACY_WINDOW, Runtime};
 use super::grants::PluginGrant;
 use super::sandbox::{Mounts, SandboxState};
@@ -68,6 +69,11 @@ impl Floor {
         store.set_epoch_deadline(u64::MAX / 2);
         let tool = self.pre.instantiate_async(&mut store).await.expect("the floor instantiates");
         let output = tool.keel_tool_guest().call_call(&mut store, input, r#"{"cwd":"/workspace"}"#).await;
-        output.expect("the floor's call does not trap").map(|output| output.content)
+        let output = output.expect("the floor's call does not trap")?;
+        let text = output.content.into_iter().find_map(|block| match block {
+            ContentBlock::Text(text) => Some(text),
+            ContentBlock::Image(_) => None,
+        });
+        Ok(text.unwrap_or_default())
     }
 }

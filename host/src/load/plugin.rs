@@ -9,11 +9,13 @@ use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use wasmtime::component::types::ComponentItem;
 
-use crate::contract::DEFAULT_MAX_RESULT_SIZE_CHARS;
-use crate::contract::{CONTRACT_VERSION, GUEST_INTERFACE};
+use crate::content::{ContentBlock, Image};
+use crate::contract::{
+    DEFAULT_MAX_RESULT_SIZE_CHARS, GUEST_INTERFACE, SUPPORTED_CONTRACT_VERSIONS, WORKSPACE_MOUNT,
+};
 use crate::error::{Error, Result};
 use crate::limits::{BatchFuel, LimitKind, Limits, units};
-use crate::load::bindings::{self, ToolPre};
+use crate::load::bindings::{self, GuestPre, Version};
 use crate::load::engine::{Identity, Runtime};
 use crate::load::grants::{Grants, PluginGrant};
 use crate::load::sandbox::{
@@ -43,7 +45,7 @@ macro_rules! query {
                         Ok(()) => {
                             let outcome = {
                                 let until = sandbox.export_timer();
-                                let $guest = sandbox.tool.keel_tool_guest();
+                                let $guest = &*sandbox.tool;
                                 let $store = &mut sandbox.store;
                                 crate::load::sandbox::within(until, Box::pin($call)).await
                             };
@@ -118,10 +120,12 @@ pub struct PluginTool {
 struct Shared {
     /// The linked component: set at load, or at the first call when the
     /// load-time answers came from the cache (see `deferred`).
-    code: tokio::sync::OnceCell<ToolPre<SandboxState>>,
+    code: tokio::sync::OnceCell<GuestPre<SandboxState>>,
     /// Where the code comes from when it was not loaded with the plugin.
     deferred: Option<Deferred>,
     name: Arc<str>,
+    /// The contract version the component was built against.
+    contract: Version,
     limits: Limits,
     grant: PluginGrant,
     mounts: Arc<Mounts>,
@@ -137,7 +141,7 @@ struct Deferred {
 
 impl Shared {
     /// The linked component, loaded now if it was deferred.
-    async fn pre(&self) -> Result<&ToolPre<SandboxState>, CallError> {
+    async fn pre(&self) -> Result<&GuestPre<SandboxState>, CallError> {
         if let Some(pre) = self.code.get() {
             return Ok(pre);
         }
@@ -145,7 +149,11 @@ impl Shared {
             let Deferred { runtime, path, identity } =
                 self.deferred.as_ref().expect("a plugin loaded without its code says where it is");
             let compiled = runtime.compile_identified(path, identity, |bytes| check_header(path, bytes))?;
-            link(runtime, path, &compiled.component)
+            let pre = link(runtime, path, &compiled.component)?;
+            if pre.version() != self.contract {
+                return Err(Error::plugin(path, "changed its contract version since it was loaded"));
+            }
+            Ok(pre)
         };
         // Boxed: needed once per plugin, it would otherwise swell the future
         // of every sandbox made.
@@ -159,6 +167,8 @@ impl Shared {
 /// decides (the grant, trust).
 #[derive(Clone, Serialize, Deserialize)]
 struct LoadAnswers {
+    /// The contract version the component was built against.
+    contract: Version,
     metadata: bindings::ToolMetadata,
     /// A digest of the environment the questions after `metadata` saw:
     /// answers given under another environment are not reused.
@@ -172,7 +182,7 @@ impl LoadAnswers {
     /// Under what the answers are filed, beside the bytes they are about:
     /// the questions' contract and the limits they ran under.
     fn topic(limits: &Limits) -> String {
-        format!("load-answers {CONTRACT_VERSION} {limits:?}")
+        format!("load-answers {} {limits:?}", SUPPORTED_CONTRACT_VERSIONS.join(","))
     }
 
     fn env_digest(env: &[(String, String)]) -> String {
@@ -188,7 +198,8 @@ impl LoadAnswers {
     /// The tool spec of the plugin at `path` that gave these answers, under
     /// `grant`; an error names what in them is not acceptable.
     fn into_spec(self, path: &Path, grant: &PluginGrant) -> Result<ToolSpec> {
-        let LoadAnswers { metadata, enabled, max_result_size, requires_user_interaction, .. } = self;
+        let LoadAnswers { contract, metadata, enabled, max_result_size, requires_user_interaction, .. } =
+            self;
         let name_ok = !metadata.name.is_empty()
             && metadata.name.len() <= 64
             && metadata.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
@@ -230,7 +241,7 @@ impl LoadAnswers {
             enabled,
             max_result_size: max_result_size.map_or(ResultSize::SelfBounded, ResultSize::Chars),
             requires_user_interaction,
-            origin: ToolOrigin::Plugin { path: path.to_path_buf() },
+            origin: ToolOrigin::Plugin { path: path.to_path_buf(), contract: contract.as_str() },
             trusted: grant.trusted,
         })
     }
@@ -285,6 +296,7 @@ impl PluginTool {
         let file_name =
             path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         let mut shared = Shared {
+            contract: pre.version(),
             code: tokio::sync::OnceCell::new_with(Some(pre)),
             deferred: None,
             name: file_name.into(),
@@ -322,6 +334,7 @@ impl PluginTool {
         // Failures below are the load's to report, in its words.
         let mounts = Mounts::open(&grant).ok()?;
         let name: Arc<str> = answers.metadata.name.as_str().into();
+        let contract = answers.contract;
         let spec = answers.into_spec(path, &grant).ok()?;
         let size = identity.size;
         let deferred = Deferred { runtime: runtime.clone(), path: path.to_path_buf(), identity };
@@ -329,6 +342,7 @@ impl PluginTool {
             code: tokio::sync::OnceCell::new(),
             deferred: Some(deferred),
             name,
+            contract,
             limits: *limits,
             grant,
             mounts: Arc::new(mounts),
@@ -344,18 +358,19 @@ impl PluginTool {
     }
 }
 
-/// Check that `component` speaks this host's contract and link it.
+/// Check that `component` speaks a contract version this host loads, and
+/// link it for that version.
 fn link(
     runtime: &Runtime,
     path: &Path,
     component: &wasmtime::component::Component,
-) -> Result<ToolPre<SandboxState>> {
-    check_contract(runtime, path, component)?;
+) -> Result<GuestPre<SandboxState>> {
+    let version = check_contract(runtime, path, component)?;
     let instance_pre = runtime
         .linker()
         .instantiate_pre(component)
         .map_err(|error| Error::plugin(path, format!("cannot be linked: {}", root_cause(&error))))?;
-    ToolPre::new(instance_pre).map_err(|error| {
+    GuestPre::new(version, instance_pre).map_err(|error| {
         Error::plugin(path, format!("does not export the keel tool contract: {}", root_cause(&error)))
     })
 }
@@ -374,32 +389,43 @@ fn check_header(path: &Path, bytes: &[u8]) -> Result<()> {
     Ok(())
 }
 
-/// Refuse a component built against another contract version by name, before
-/// a link error would say it less clearly.
-fn check_contract(runtime: &Runtime, path: &Path, component: &wasmtime::component::Component) -> Result<()> {
+/// The contract version `component` was built against, when this host loads
+/// it; a component of another version is refused by name, before a link error
+/// would say it less clearly.
+fn check_contract(
+    runtime: &Runtime,
+    path: &Path,
+    component: &wasmtime::component::Component,
+) -> Result<Version> {
     let exports: Vec<String> = component
         .component_type()
         .exports(runtime.engine())
         .filter(|(_, item)| matches!(item.ty, ComponentItem::ComponentInstance(_)))
         .map(|(name, _)| name.to_string())
         .collect();
-    if exports.iter().any(|name| name == GUEST_INTERFACE) {
-        return Ok(());
+    let versions: Vec<&str> =
+        exports.iter().filter_map(|name| name.strip_prefix(GUEST_INTERFACE)?.strip_prefix('@')).collect();
+    // The newest a component exports, should it export several.
+    if let Some(version) = versions.iter().rev().find_map(|number| Version::from_number(number)) {
+        return Ok(version);
     }
-    let (interface, _) = GUEST_INTERFACE.split_once('@').expect("the interface name has a version");
-    if let Some(other) = exports.iter().find_map(|name| name.strip_prefix(interface)?.strip_prefix('@')) {
+    let supported = SUPPORTED_CONTRACT_VERSIONS.join(" and ");
+    if let Some(other) = versions.first() {
         return Err(Error::plugin(
             path,
             format!(
-                "was built against keel tool contract {other}, but this host speaks {CONTRACT_VERSION}; \
-                 rebuild the tool with a keel-guest of contract {CONTRACT_VERSION}"
+                "was built against keel tool contract {other}, which this host does not know; \
+                 it loads contracts {supported}: rebuild the tool with a keel-guest of one of them"
             ),
         ));
     }
     let found = if exports.is_empty() { "nothing".to_string() } else { exports.join(", ") };
     Err(Error::plugin(
         path,
-        format!("does not export `{GUEST_INTERFACE}` (it exports {found}); is it a keel tool?"),
+        format!(
+            "does not export `{GUEST_INTERFACE}@<version>` (it exports {found}); is it a keel tool? \
+             This host loads contracts {supported}"
+        ),
     ))
 }
 
@@ -416,7 +442,7 @@ async fn read_spec(
 ) -> Result<(ToolSpec, Option<LoadAnswers>)> {
     let mut meter = Meter::unmetered();
     let mut questions = Questions::new(shared, Grant::Nothing, &mut meter);
-    let metadata = query!(questions, |guest, store| guest.call_metadata(store))
+    let metadata = query!(questions, |guest, store| guest.metadata(store))
         .map_err(|error| Error::plugin(path, format!("`metadata` failed: {error}")))?;
     let asked = questions.sandbox.take();
     // The grant follows the tool's name, known only now; the questions below
@@ -431,18 +457,18 @@ async fn read_spec(
     let sandbox = asked.filter(|_| shared.grant.env.is_empty());
     let mut questions = Questions { shared, grant: Grant::Nothing, sandbox, meter: &mut meter };
     let mut fell_back = false;
-    let enabled =
-        ask!(questions, "is-enabled", false, fell_back, |guest, store| guest.call_is_enabled(store));
+    let enabled = ask!(questions, "is-enabled", false, fell_back, |guest, store| guest.is_enabled(store));
     let max_result_size =
         ask!(questions, "max-result-size", Some(DEFAULT_MAX_RESULT_SIZE_CHARS), fell_back, |guest, store| {
-            guest.call_max_result_size(store)
+            guest.max_result_size(store)
         });
     let requires_user_interaction =
         ask!(questions, "requires-user-interaction", false, fell_back, |guest, store| {
-            guest.call_requires_user_interaction(store)
+            guest.requires_user_interaction(store)
         });
     let grant = &questions.shared.grant;
     let answers = LoadAnswers {
+        contract: questions.shared.contract,
         metadata,
         env: LoadAnswers::env_digest(&grant.env),
         enabled,
@@ -569,11 +595,13 @@ impl Tool for PluginTool {
         &self.spec
     }
 
-    async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError> {
+    async fn invoke(&self, input: Value, context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {
         Ok(Box::new(PluginInvocation {
             shared: self.shared.clone(),
             input_text: json_text(&input),
             input,
+            context_text: json_text(&context),
+            context,
             plan: None,
             checked: None,
             sandbox: None,
@@ -586,8 +614,7 @@ impl Tool for PluginTool {
         let mut questions = Questions::new(&self.shared, Grant::Nothing, &mut meter);
         let (a, b) = (json_text(a), json_text(b));
         let fallback = a == b;
-        ask!(questions, "inputs-equivalent", fallback, |guest, store| guest
-            .call_inputs_equivalent(store, &a, &b))
+        ask!(questions, "inputs-equivalent", fallback, |guest, store| guest.inputs_equivalent(store, &a, &b))
     }
 }
 
@@ -599,6 +626,10 @@ struct PluginInvocation {
     shared: Arc<Shared>,
     input: Value,
     input_text: String,
+    /// The context the call will run with, which every question is asked
+    /// under, and its JSON text as the guest receives it.
+    context: Arc<Value>,
+    context_text: String,
     plan: Option<bindings::CallPlan>,
     /// The answer of `check` for the current input: the validation error, or
     /// the permission decision.
@@ -629,8 +660,9 @@ impl PluginInvocation {
         let shared = &*self.shared;
         let mut questions =
             Questions { shared, grant: Grant::Nothing, sandbox: self.sandbox.take(), meter: &mut self.meter };
-        let input = &self.input_text;
-        let plan = ask!(questions, "plan", CONSERVATIVE_PLAN, |guest, store| guest.call_plan(store, input));
+        let (input, context) = (&self.input_text, &self.context_text);
+        let plan =
+            ask!(questions, "plan", CONSERVATIVE_PLAN, |guest, store| guest.plan(store, input, context));
         self.sandbox = questions.sandbox.take();
         if let Some(sandbox) = &mut self.sandbox {
             sandbox.regrant(QUESTION_GRANT);
@@ -673,7 +705,7 @@ const QUESTION_GRANT: Grant = Grant::ReadOnly;
 /// invocation's sandbox, keeping it for the next question unless it trapped.
 /// Gives `Result<answer, CallError>`, having logged a warning on `Err`.
 macro_rules! query_input {
-    ($self:ident, $export:literal, |$guest:ident, $store:ident, $input:ident| $call:expr) => {{
+    ($self:ident, $export:literal, |$guest:ident, $store:ident, $input:ident, $context:ident| $call:expr) => {{
         if $self.plan.is_none() {
             // Boxed: asked once, it would otherwise swell every question's future.
             Box::pin($self.plan()).await;
@@ -684,7 +716,7 @@ macro_rules! query_input {
             sandbox: $self.sandbox.take(),
             meter: &mut $self.meter,
         };
-        let $input = $self.input_text.as_str();
+        let ($input, $context) = ($self.input_text.as_str(), $self.context_text.as_str());
         let answer = query!(questions, |$guest, $store| $call);
         $self.sandbox = questions.sandbox.take();
         if let Err(error) = &answer {
@@ -697,8 +729,8 @@ macro_rules! query_input {
 
 /// [`query_input!`], answering `$fallback` when the question failed.
 macro_rules! ask_input {
-    ($self:ident, $export:literal, $fallback:expr, |$guest:ident, $store:ident, $input:ident| $call:expr) => {{
-        match query_input!($self, $export, |$guest, $store, $input| $call) {
+    ($self:ident, $export:literal, $fallback:expr, |$guest:ident, $store:ident, $input:ident, $context:ident| $call:expr) => {{
+        match query_input!($self, $export, |$guest, $store, $input, $context| $call) {
             Ok(answer) => answer,
             Err(_) => $fallback,
         }
@@ -725,7 +757,7 @@ impl PluginInvocation {
         if let Some(checked) = &self.checked {
             return checked.clone();
         }
-        let checked = match query_input!(self, "check", |g, s, i| g.call_check(s, i)) {
+        let checked = match query_input!(self, "check", |g, s, i, c| g.check(s, i, c)) {
             Err(error) => Err(refusal("the tool's input check", &error)),
             Ok(Err(message)) => Err(message),
             Ok(Ok(decision)) => Ok(permission_decision(decision)),
@@ -747,6 +779,17 @@ impl Invocation for PluginInvocation {
         self.checked = None;
     }
 
+    fn set_context(&mut self, context: Arc<Value>) {
+        self.context_text = json_text(&context);
+        self.context = context;
+        // Every answer is forgotten, and so is the sandbox they were given
+        // in: the plan is asked again as it was first, in a sandbox that has
+        // seen no directory.
+        self.plan = None;
+        self.checked = None;
+        self.sandbox = None;
+    }
+
     async fn is_read_only(&mut self) -> bool {
         self.plan().await.read_only
     }
@@ -760,7 +803,7 @@ impl Invocation for PluginInvocation {
     }
 
     async fn is_destructive(&mut self) -> bool {
-        ask_input!(self, "is-destructive", true, |g, s, i| g.call_is_destructive(s, i))
+        ask_input!(self, "is-destructive", true, |g, s, i, c| g.is_destructive(s, i, c))
     }
 
     async fn validate_input(&mut self) -> Result<(), String> {
@@ -772,23 +815,31 @@ impl Invocation for PluginInvocation {
     }
 
     async fn permission_subject(&mut self) -> Option<String> {
-        ask_input!(self, "permission-subject", None, |g, s, i| g.call_permission_subject(s, i))
+        // A tool of a contract whose questions cannot see the context named
+        // its subject as if the working directory were the workspace root.
+        // When it is not, that name may point elsewhere than the call will
+        // reach, so the subject is unknown: pattern `deny` and `ask` rules
+        // apply to it, pattern `allow` rules do not.
+        if self.shared.contract == Version::V0_2 && crate::contract::cwd(&self.context) != WORKSPACE_MOUNT {
+            return None;
+        }
+        ask_input!(self, "permission-subject", None, |g, s, i, c| g.permission_subject(s, i, c))
     }
 
     async fn classifier_input(&mut self) -> String {
-        ask_input!(self, "classifier-input", String::new(), |g, s, i| g.call_classifier_input(s, i))
+        ask_input!(self, "classifier-input", String::new(), |g, s, i, c| g.classifier_input(s, i, c))
     }
 
     async fn activity_description(&mut self) -> Option<String> {
-        ask_input!(self, "activity-description", None, |g, s, i| g.call_activity_description(s, i))
+        ask_input!(self, "activity-description", None, |g, s, i, c| g.activity_description(s, i, c))
     }
 
     async fn is_open_world(&mut self) -> bool {
-        ask_input!(self, "is-open-world", false, |g, s, i| g.call_is_open_world(s, i))
+        ask_input!(self, "is-open-world", false, |g, s, i, c| g.is_open_world(s, i, c))
     }
 
     async fn is_search_or_read(&mut self) -> bool {
-        ask_input!(self, "is-search-or-read", false, |g, s, i| g.call_is_search_or_read(s, i))
+        ask_input!(self, "is-search-or-read", false, |g, s, i, c| g.is_search_or_read(s, i, c))
     }
 
     async fn call(mut self: Box<Self>, cx: CallContext) -> Result<CallOutput, CallError> {
@@ -806,14 +857,19 @@ impl Invocation for PluginInvocation {
         let reserved = this.meter.reserve(None)?;
         sandbox.budget(reserved.fuel, reserved.limit, limits.deadline)?;
         sandbox.report_progress_to(cx.progress.clone());
-        let context = json_text(&cx.context);
+        // The questions' context, as they were given it, unless the call is
+        // handed another.
+        let context = if Arc::ptr_eq(&cx.context, &this.context) {
+            std::mem::take(&mut this.context_text)
+        } else {
+            json_text(&cx.context)
+        };
         // The epoch deadline stops guest code; this timer also stops a call
         // blocked in a host function, which the epoch cannot interrupt.
         let outcome = {
             let until = sandbox.export_timer();
-            let guest = sandbox.tool.keel_tool_guest();
-            let call = guest.call_call(&mut sandbox.store, &this.input_text, &context);
-            crate::load::sandbox::within(until, call).await
+            let call = sandbox.tool.call(&mut sandbox.store, &this.input_text, &context);
+            crate::load::sandbox::within(until, Box::pin(call)).await
         };
         this.meter.settle(&reserved, sandbox.fuel_left());
         match outcome {
@@ -837,9 +893,25 @@ impl Invocation for PluginInvocation {
                         }
                     },
                 };
-                Ok(CallOutput { content: output.content, context_modifier })
+                let structured = match output.structured {
+                    None => None,
+                    Some(text) => Some(serde_json::from_str::<Value>(&text).map_err(|error| {
+                        CallError::Contract(format!("its structured value is not JSON: {error}"))
+                    })?),
+                };
+                let content = output.content.into_iter().map(content_block).collect();
+                Ok(CallOutput { content, structured, context_modifier })
             }
         }
+    }
+}
+
+/// A block of a guest's output as the host holds it; whether an image is
+/// what it says is checked with every tool's output (`run/call.rs`).
+fn content_block(block: bindings::ContentBlock) -> ContentBlock {
+    match block {
+        bindings::ContentBlock::Text(text) => ContentBlock::Text(text),
+        bindings::ContentBlock::Image(image) => ContentBlock::Image(Image::new(image.media_type, image.data)),
     }
 }
 

@@ -38,8 +38,7 @@ use wasmtime_wasi_io::bytes::Bytes;
 
 use crate::contract::WORKSPACE_MOUNT;
 use crate::limits::{LimitKind, Limits, human_bytes, units};
-use crate::load::bindings::keel::tool::{host, types};
-use crate::load::bindings::{LogLevel, Tool as ToolBindings, ToolPre};
+use crate::load::bindings::{Guest, GuestPre, LogLevel, log_level_of_v0_2, v0_2, v0_3};
 use crate::load::grants::{Access, PluginGrant};
 use crate::tool::{CallError, ProgressSink};
 
@@ -231,9 +230,22 @@ impl WasiView for SandboxState {
     }
 }
 
-impl types::Host for SandboxState {}
+impl v0_3::keel::tool::types::Host for SandboxState {}
 
-impl host::Host for SandboxState {
+impl v0_2::keel::tool::types::Host for SandboxState {}
+
+/// A 0.2.0 guest's host imports: the same as the newest version's.
+impl v0_2::keel::tool::host::Host for SandboxState {
+    async fn progress(&mut self, data: String) {
+        v0_3::keel::tool::host::Host::progress(self, data).await;
+    }
+
+    async fn log(&mut self, level: v0_2::keel::tool::types::LogLevel, message: String) {
+        v0_3::keel::tool::host::Host::log(self, log_level_of_v0_2(level), message).await;
+    }
+}
+
+impl v0_3::keel::tool::host::Host for SandboxState {
     async fn progress(&mut self, data: String) {
         if self.progress.is_none() || !self.within_report_budget(data.len()) {
             return;
@@ -499,7 +511,7 @@ pub struct Sandbox {
     pub(crate) store: Store<SandboxState>,
     /// Boxed: the bindings are large, and a sandbox moves through every
     /// question's future.
-    pub(crate) tool: Box<ToolBindings>,
+    pub(crate) tool: Box<Guest>,
 }
 
 impl Sandbox {
@@ -507,7 +519,7 @@ impl Sandbox {
     /// `mounts` and the environment of `capabilities`. Instantiation runs
     /// under `fuel` and [`QUERY_DEADLINE`].
     pub async fn new(
-        pre: &ToolPre<SandboxState>,
+        pre: &GuestPre<SandboxState>,
         plugin: Arc<str>,
         limits: &Limits,
         (capabilities, mounts): (&PluginGrant, &Arc<Mounts>),

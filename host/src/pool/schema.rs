@@ -2,7 +2,8 @@
 
 use serde_json::Value;
 
-/// A tool's input schema, compiled once when the tool joins the pool.
+/// A tool's input schema (or output schema), compiled once when the tool
+/// joins the pool.
 ///
 /// References are resolved only within the schema itself: resolving over files
 /// or the network is compiled out, so a plugin cannot make the host fetch
@@ -24,11 +25,21 @@ pub(crate) fn prepare_meta_schemas() {
 impl InputSchema {
     /// Compile `schema`; the error says what is wrong with it.
     pub fn compile(schema: &Value) -> Result<Self, String> {
+        InputSchema::compile_named(schema, "input")
+    }
+
+    /// Compile an output schema: like an input schema, it must describe an
+    /// object (as MCP's `outputSchema` must).
+    pub fn compile_output(schema: &Value) -> Result<Self, String> {
+        InputSchema::compile_named(schema, "output")
+    }
+
+    fn compile_named(schema: &Value, which: &str) -> Result<Self, String> {
         if !schema.is_object() {
-            return Err("the input schema is not a JSON object".into());
+            return Err(format!("the {which} schema is not a JSON object"));
         }
         if schema.get("type").and_then(Value::as_str).is_some_and(|ty| ty != "object") {
-            return Err("the input schema does not describe an object".into());
+            return Err(format!("the {which} schema does not describe an object"));
         }
         let validator = jsonschema::validator_for(schema).map_err(|error| error.to_string())?;
         Ok(InputSchema { validator })

@@ -8,11 +8,14 @@ use std::sync::Arc;
 use serde_json::Value;
 
 use crate::batch::{ToolResult, ToolUse};
+use crate::content::{Content, ContentBlock};
 use crate::limits::{BatchFuel, input_too_large};
 use crate::permissions::PendingCall;
 use crate::pool::{PoolEntry, ToolPool};
 use crate::run::interrupt::Interrupt;
-use crate::tool::{CallContext, CallError, InterruptBehavior, Invocation, PermissionDecision, ToolSpec};
+use crate::tool::{
+    CallContext, CallError, CallOutput, InterruptBehavior, Invocation, PermissionDecision, ToolSpec,
+};
 
 /// The result text of a call that never started because of an interrupt.
 pub const NOT_STARTED: &str = "Interrupted: the call was not started.";
@@ -32,16 +35,20 @@ pub struct Prepared {
     /// Whether it may run beside other safe calls: its input passed the
     /// schema and `plan` said so without trapping.
     pub concurrency_safe: bool,
+    /// The context its questions were asked under.
+    context: Arc<Value>,
     invocation: Box<dyn Invocation>,
 }
 
-/// Plan one call: resolve it, refuse it when its tool needs a person and the
-/// run has no one to ask (`requires-user-interaction`), hold its input to
-/// `max_input` bytes of JSON text and to the schema, and ask whether it is
-/// concurrency-safe. An `Err` is the call's result.
+/// Plan one call under `context`, the shared context as it is now: resolve
+/// it, refuse it when its tool needs a person and the run has no one to ask
+/// (`requires-user-interaction`), hold its input to `max_input` bytes of JSON
+/// text and to the schema, and ask whether it is concurrency-safe. An `Err`
+/// is the call's result.
 pub async fn prepare(
     pool: &ToolPool,
     tool_use: &ToolUse,
+    context: &Arc<Value>,
     fuel: Option<&BatchFuel>,
     max_input: usize,
 ) -> Result<Prepared, ToolResult> {
@@ -66,16 +73,46 @@ pub async fn prepare(
         return Err(fail(format!("Invalid input for {}: {reason}", spec.name)));
     }
     check_schema(entry, input).map_err(&fail)?;
-    let mut invocation =
-        entry.tool.invoke(input.clone()).await.map_err(|error| fail(call_failed(&spec.name, &error)))?;
+    let mut invocation = entry
+        .tool
+        .invoke(input.clone(), context.clone())
+        .await
+        .map_err(|error| fail(call_failed(&spec.name, &error)))?;
     if let Some(fuel) = fuel {
         invocation.share_batch_fuel(fuel.clone());
     }
     let concurrency_safe = invocation.is_concurrency_safe().await;
-    Ok(Prepared { id: tool_use.id.clone(), entry: entry.clone(), concurrency_safe, invocation })
+    Ok(Prepared {
+        id: tool_use.id.clone(),
+        entry: entry.clone(),
+        concurrency_safe,
+        context: context.clone(),
+        invocation,
+    })
+}
+
+/// Whether `a` and `b` are the same context: most often the very same
+/// snapshot, else equal JSON.
+pub(crate) fn same_context(a: &Arc<Value>, b: &Arc<Value>) -> bool {
+    Arc::ptr_eq(a, b) || a == b
 }
 
 impl Prepared {
+    /// Whether its questions were asked under `context`, the one it would
+    /// start with.
+    pub(crate) fn planned_under(&self, context: &Arc<Value>) -> bool {
+        same_context(&self.context, context)
+    }
+
+    /// Plan it again under `context`, which an earlier call's modifier made:
+    /// every answer given under the old context is forgotten, and whether it
+    /// is concurrency-safe is asked again.
+    pub(crate) async fn replan(&mut self, context: Arc<Value>) {
+        self.invocation.set_context(context.clone());
+        self.context = context;
+        self.concurrency_safe = self.invocation.is_concurrency_safe().await;
+    }
+
     /// The tool's name (the real one, when the call used an alias).
     pub fn name(&self) -> &str {
         &self.entry.tool.spec().name
@@ -96,10 +133,15 @@ impl Prepared {
         cx: CallContext,
         interrupt: &Interrupt,
     ) -> (ToolResult, Option<Value>) {
-        let Prepared { id, entry, mut invocation, .. } = self;
+        let Prepared { id, entry, mut invocation, context, .. } = self;
         let fail = |message: String| (ToolResult::error(&id, message), None);
         let spec = entry.tool.spec();
         let name = &spec.name;
+        // The questions below see the context the call runs with, whoever
+        // started it.
+        if !same_context(&context, &cx.context) {
+            invocation.set_context(cx.context.clone());
+        }
         if let Err(reason) = invocation.validate_input().await {
             return fail(format!("Invalid input for {name}: {reason}"));
         }
@@ -128,11 +170,46 @@ impl Prepared {
                 () = interrupt.interrupted() => return fail(STOPPED.into()),
             },
         };
-        match outcome {
-            Ok(output) => (ToolResult::ok(&id, output.content), output.context_modifier),
+        match outcome.and_then(|output| result_of(&entry, &id, output)) {
+            Ok(ran) => ran,
             Err(error) => fail(call_failed(name, &error)),
         }
     }
+}
+
+/// A call's output as its result: every image checked against its media
+/// type, the structured value against the tool's output schema (and shown
+/// as its JSON text when the tool gave no text), and text alone kept as text.
+fn result_of(
+    entry: &PoolEntry,
+    id: &str,
+    output: CallOutput,
+) -> Result<(ToolResult, Option<Value>), CallError> {
+    let CallOutput { mut content, structured, context_modifier } = output;
+    let mut images = 0;
+    for block in &content {
+        if let ContentBlock::Image(image) = block {
+            images += 1;
+            image.check().map_err(|reason| CallError::Contract(format!("its image {images} {reason}")))?;
+        }
+    }
+    if let Some(value) = &structured {
+        let Some(schema) = &entry.output_schema else {
+            return Err(CallError::Contract(
+                "it returned a structured value but declares no output schema".into(),
+            ));
+        };
+        schema.check(value).map_err(|reason| {
+            CallError::Contract(format!("its structured value does not match its output schema: {reason}"))
+        })?;
+        if !content.iter().any(|block| matches!(block, ContentBlock::Text(_))) {
+            let text = serde_json::to_string(value).expect("a JSON value serializes");
+            content.insert(0, ContentBlock::Text(text));
+        }
+    }
+    let mut result = ToolResult::ok(id, Content::from_blocks(content));
+    result.structured = structured;
+    Ok((result, context_modifier))
 }
 
 /// The host's permission rules on top of the tool's own answer (see

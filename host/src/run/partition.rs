@@ -63,8 +63,9 @@ pub(crate) struct Admission {
     alone: bool,
     /// The concurrent run in flight, if any.
     run: Option<ConcurrentRun>,
-    /// The shared context, up to the last run that ended.
-    context: Value,
+    /// The shared context, up to the last run that ended: shared with the
+    /// calls planned or started under it until a modifier changes it.
+    context: Arc<Value>,
 }
 
 /// A concurrent run: the context its calls see, and their modifiers by the
@@ -77,33 +78,42 @@ struct ConcurrentRun {
 impl Admission {
     /// At most `cap` calls of a run at once (at least one), from `context`.
     pub(crate) fn new(cap: usize, context: Value) -> Self {
-        Admission { cap: cap.max(1), running: 0, alone: false, run: None, context }
+        Admission { cap: cap.max(1), running: 0, alone: false, run: None, context: Arc::new(context) }
     }
 
-    /// Start the oldest waiting call, safe or not, if the rule lets it start
-    /// now: the context it runs with, or `None` while it must wait.
-    pub(crate) fn start(&mut self, safe: bool) -> Option<Arc<Value>> {
+    /// Whether the oldest waiting call, safe or not, may start now: the
+    /// context it would run with, or `None` while it must wait. Nothing
+    /// starts: a caller whose call was planned under another context plans
+    /// it again under this one first (README, "How a batch runs").
+    pub(crate) fn ready(&mut self, safe: bool) -> Option<Arc<Value>> {
         if self.alone {
             return None;
         }
-        let context = if safe {
+        if safe {
             if self.running >= self.cap {
                 return None;
             }
-            let context = &self.context;
-            let run = self.run.get_or_insert_with(|| ConcurrentRun {
-                snapshot: Arc::new(context.clone()),
-                queued: Vec::new(),
-            });
-            run.snapshot.clone()
+            // A run in flight began under the context as it is: its
+            // modifiers apply only when it ends.
+            return Some(self.run.as_ref().map_or(&self.context, |run| &run.snapshot).clone());
+        }
+        if self.running > 0 {
+            return None;
+        }
+        self.close_run();
+        Some(self.context.clone())
+    }
+
+    /// Start the oldest waiting call, safe or not, if the rule lets it start
+    /// now: the context it runs with (the one [`Admission::ready`] gave), or
+    /// `None` while it must wait.
+    pub(crate) fn start(&mut self, safe: bool) -> Option<Arc<Value>> {
+        let context = self.ready(safe)?;
+        if safe {
+            self.run.get_or_insert_with(|| ConcurrentRun { snapshot: context.clone(), queued: Vec::new() });
         } else {
-            if self.running > 0 {
-                return None;
-            }
-            self.close_run();
             self.alone = true;
-            Arc::new(self.context.clone())
-        };
+        }
         self.running += 1;
         Some(context)
     }
@@ -115,7 +125,7 @@ impl Admission {
         self.running -= 1;
         if std::mem::take(&mut self.alone) {
             if let Some(patch) = &modifier {
-                context::apply(&mut self.context, patch);
+                context::apply(Arc::make_mut(&mut self.context), patch);
             }
         } else if let (Some(run), Some(patch)) = (&mut self.run, modifier) {
             run.queued.push((position, patch));
@@ -133,19 +143,20 @@ impl Admission {
         if let Some(mut run) = self.run.take() {
             run.queued.sort_by_key(|&(position, _)| position);
             for (_, patch) in run.queued {
-                context::apply(&mut self.context, &patch);
+                context::apply(Arc::make_mut(&mut self.context), &patch);
             }
         }
     }
 
-    /// The shared context, with every closed run's modifiers applied.
-    pub(crate) fn context(&self) -> &Value {
+    /// The shared context, with every closed run's modifiers applied: what
+    /// a call planned now is planned under.
+    pub(crate) fn context(&self) -> &Arc<Value> {
         &self.context
     }
 
     /// The shared context, taken once the last run is closed.
     pub(crate) fn take_context(&mut self) -> Value {
-        std::mem::take(&mut self.context)
+        Arc::unwrap_or_clone(std::mem::take(&mut self.context))
     }
 }
 
@@ -185,11 +196,11 @@ mod tests {
         assert!(Arc::ptr_eq(&a, &b), "the calls of a run share one snapshot");
         admission.finish(2, Some(json!({ "last": "b" })));
         admission.finish(1, Some(json!({ "last": "a" })));
-        assert_eq!(admission.context(), &json!({ "cwd": "/workspace/src" }), "queued while the run is open");
+        assert_eq!(**admission.context(), json!({ "cwd": "/workspace/src" }), "queued while the run is open");
         admission.close_run();
         assert_eq!(
-            admission.context(),
-            &json!({ "cwd": "/workspace/src", "last": "b" }),
+            **admission.context(),
+            json!({ "cwd": "/workspace/src", "last": "b" }),
             "applied in the calls' order: b came last, so its change wins"
         );
     }

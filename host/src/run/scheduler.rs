@@ -187,13 +187,13 @@ async fn run_alone(
     interrupt: &Interrupt,
 ) -> (Ran, Value) {
     let fuel = options.batch_fuel.map(BatchFuel::new);
-    let call = call::prepare(pool, tool_use, fuel.as_ref(), options.max_input).await;
+    let shared = Arc::new(context);
+    let call = call::prepare(pool, tool_use, &shared, fuel.as_ref(), options.max_input).await;
     emit_with(events, || {
         let safe = [matches!(&call, Ok(call) if call.concurrency_safe)];
         let ids = std::slice::from_ref(&tool_use.id);
         Event::BatchPlan { batches: partition(&safe).iter().map(|group| group.planned(ids)).collect() }
     });
-    let shared = Arc::new(context);
     let mut ran = run_call(pool, call, shared.clone(), &options.budget, events, interrupt).await;
     emit_with(events, || Event::tool_result(&ran.result));
     // The call's own copy is gone by now: the context is taken back whole.
@@ -300,6 +300,11 @@ async fn finish(
 /// own. Nothing waits on a coordinator: the state below decides, under one
 /// lock, which calls may start.
 ///
+/// Each call is planned under the shared context as it is when its planning
+/// begins. When its turn comes under another context (a call before it
+/// changed it), it is planned again under that one before it starts, so
+/// every question it is asked sees the context it runs with.
+///
 /// The partition ([`crate::run::partition`]) is made as calls are planned, in order: a
 /// safe call joins the run in flight, if there is one, and starts once
 /// fewer than `cap` calls run; any other call waits for the run to finish
@@ -330,6 +335,8 @@ enum Slot {
     Planning,
     /// Planned, waiting for its turn.
     Waiting(Result<Prepared, ToolResult>),
+    /// Being planned again under the context its turn came with.
+    Replanning,
     /// Started (or finished).
     Started,
 }
@@ -356,11 +363,21 @@ struct State {
     finished: usize,
 }
 
-/// A call whose turn has come, with the context it sees.
+/// A call whose turn has come, with the context it sees; or, when `replan`
+/// is set, one to plan again under that context before it may start.
 struct Start {
     index: usize,
     call: Result<Prepared, ToolResult>,
     context: Arc<Value>,
+    replan: bool,
+}
+
+/// What a task was doing with a call, should it panic.
+#[derive(Clone, Copy)]
+enum Doing {
+    Planning,
+    Replanning,
+    Running,
 }
 
 impl Batch {
@@ -382,9 +399,10 @@ impl Batch {
     /// Plan call `index`, claimed by this task: what may start now, and
     /// what to plan next.
     async fn plan_claimed(self: &Arc<Self>, index: usize) -> (Vec<Start>, std::ops::Range<usize>) {
-        let guard = Failing { batch: self, index, running: false };
-        let call =
-            call::prepare(&self.pool, &self.uses[index], self.fuel.as_ref(), self.options.max_input).await;
+        let guard = Failing { batch: self, index, doing: Doing::Planning };
+        let context = self.lock().admission.context().clone();
+        let (tool_use, fuel, max_input) = (&self.uses[index], self.fuel.as_ref(), self.options.max_input);
+        let call = call::prepare(&self.pool, tool_use, &context, fuel, max_input).await;
         std::mem::forget(guard);
         self.lock().planned(self, index, call)
     }
@@ -400,12 +418,20 @@ impl Batch {
         loop {
             let mine = if starts.is_empty() { None } else { Some(starts.swap_remove(0)) };
             self.spawn(starts, plans);
-            let Some(Start { index, call, context }) = mine else {
+            let Some(Start { index, call, context, replan }) = mine else {
                 let Some(index) = self.lock().claim_next() else { return };
                 (starts, plans) = self.plan_claimed(index).await;
                 continue;
             };
-            let guard = Failing { batch: self, index, running: true };
+            if replan {
+                let guard = Failing { batch: self, index, doing: Doing::Replanning };
+                let Ok(mut call) = call else { unreachable!("only a planned call is planned again") };
+                call.replan(context).await;
+                std::mem::forget(guard);
+                (starts, plans) = self.lock().replanned(self, index, Ok(call));
+                continue;
+            }
+            let guard = Failing { batch: self, index, doing: Doing::Running };
             let ran =
                 run_call(&self.pool, call, context, &self.options.budget, &self.events, &self.interrupt)
                     .await;
@@ -432,7 +458,7 @@ impl Batch {
 struct Failing<'a> {
     batch: &'a Arc<Batch>,
     index: usize,
-    running: bool,
+    doing: Doing,
 }
 
 impl Drop for Failing<'_> {
@@ -444,11 +470,11 @@ impl Drop for Failing<'_> {
         }
         let (batch, index) = (self.batch, self.index);
         let id = &batch.uses[index].id;
-        let (starts, plans) = if self.running {
-            batch.lock().finished(batch, index, Ran::panicked(id))
-        } else {
-            let result = ToolResult::error(id, PLANNING_PANICKED);
-            batch.lock().planned(batch, index, Err(result))
+        let failed = || Err(ToolResult::error(id, PLANNING_PANICKED));
+        let (starts, plans) = match self.doing {
+            Doing::Running => batch.lock().finished(batch, index, Ran::panicked(id)),
+            Doing::Planning => batch.lock().planned(batch, index, failed()),
+            Doing::Replanning => batch.lock().replanned(batch, index, failed()),
         };
         batch.spawn(starts, plans);
     }
@@ -492,6 +518,19 @@ impl State {
         self.pump(batch)
     }
 
+    /// Call `index` is planned again, under the context its turn came with:
+    /// keep it, and say what may start now.
+    fn replanned(
+        &mut self,
+        batch: &Batch,
+        index: usize,
+        call: Result<Prepared, ToolResult>,
+    ) -> (Vec<Start>, std::ops::Range<usize>) {
+        self.safe[index] = matches!(&call, Ok(call) if call.concurrency_safe);
+        self.calls[index] = Slot::Waiting(call);
+        self.pump(batch)
+    }
+
     /// Call `index` finished: release its result in order, keep its
     /// modifier and its budget, and say what may start now.
     fn finished(&mut self, batch: &Batch, index: usize, ran: Ran) -> (Vec<Start>, std::ops::Range<usize>) {
@@ -507,7 +546,9 @@ impl State {
 
     /// Start every waiting call whose turn it is, in order: safe calls while
     /// fewer than `cap` run and no call runs alone; another call only when
-    /// nothing runs. Then plan ahead up to the window.
+    /// nothing runs. A call whose turn comes under another context than it
+    /// was planned under is handed back to be planned again, and the calls
+    /// after it wait. Then plan ahead up to the window.
     fn pump(&mut self, batch: &Batch) -> (Vec<Start>, std::ops::Range<usize>) {
         let mut starts = Vec::new();
         if !self.started {
@@ -517,15 +558,21 @@ impl State {
         }
         while self.started && self.next < self.calls.len() {
             let index = self.next;
-            if !matches!(self.calls[index], Slot::Waiting(_)) {
+            let Slot::Waiting(waiting) = &self.calls[index] else { break };
+            let Some(context) = self.admission.ready(self.safe[index]) else { break };
+            if waiting.as_ref().is_ok_and(|call| !call.planned_under(&context)) {
+                let Slot::Waiting(call) = std::mem::replace(&mut self.calls[index], Slot::Replanning) else {
+                    unreachable!("the call was seen waiting")
+                };
+                starts.push(Start { index, call, context, replan: true });
                 break;
             }
-            let Some(context) = self.admission.start(self.safe[index]) else { break };
+            let context = self.admission.start(self.safe[index]).expect("the call was just seen ready");
             let Slot::Waiting(call) = std::mem::replace(&mut self.calls[index], Slot::Started) else {
                 unreachable!("the call was seen waiting")
             };
             self.next += 1;
-            starts.push(Start { index, call, context });
+            starts.push(Start { index, call, context, replan: false });
         }
         (starts, self.plan_ahead(batch))
     }

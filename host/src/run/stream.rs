@@ -70,8 +70,19 @@ enum Step {
     Queued(Option<oneshot::Sender<()>>),
     /// Being planned.
     Planning,
-    /// Planned, waiting for its turn.
-    Planned { safe: bool, turn: oneshot::Sender<Turn> },
+    /// Planned under `context`, waiting for its turn.
+    Planned { safe: bool, context: Arc<Value>, turn: oneshot::Sender<Go> },
+    /// Being planned again: its turn came under another context.
+    Replanning,
+}
+
+/// What a planned call is told when it comes to the front.
+enum Go {
+    /// It starts now.
+    Turn(Turn),
+    /// Its turn comes under this context, not the one it was planned under:
+    /// it is planned again under this one first.
+    Replan(Arc<Value>),
 }
 
 impl CallStream {
@@ -96,7 +107,7 @@ impl CallStream {
     /// The shared context as it is now: every modifier of a call that ran
     /// alone, and of every run that ended, applied.
     pub fn context(&self) -> Value {
-        self.shared.lock().admission.context().clone()
+        Value::clone(self.shared.lock().admission.context())
     }
 }
 
@@ -107,17 +118,32 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Start the oldest planned calls for as long as the rule lets them, then
+    /// Start the oldest planned calls for as long as the rule lets them (a
+    /// call whose turn comes under another context than it was planned
+    /// under is sent back to plan again, and the calls behind it wait), then
     /// allow the queued calls now within the window to plan.
     fn pump(self: &Arc<Self>, state: &mut State) {
-        while let Some(Waiter { step: Step::Planned { safe, .. }, .. }) = state.waiting.front() {
-            let Some(context) = state.admission.start(*safe) else { break };
+        while let Some(Waiter { step: Step::Planned { safe, context: planned, .. }, .. }) =
+            state.waiting.front()
+        {
+            let safe = *safe;
+            let Some(context) = state.admission.ready(safe) else { break };
+            if !call::same_context(planned, &context) {
+                let front = state.waiting.front_mut().expect("the front was just seen");
+                let Step::Planned { turn, .. } = std::mem::replace(&mut front.step, Step::Replanning) else {
+                    unreachable!("the front was seen planned")
+                };
+                // A caller gone meanwhile withdraws itself.
+                let _ = turn.send(Go::Replan(context));
+                break;
+            }
+            let context = state.admission.start(safe).expect("the call was just seen ready");
             let waiter = state.waiting.pop_front().expect("the front was just seen");
             let Step::Planned { turn, .. } = waiter.step else { unreachable!("the front was seen planned") };
             let started = Turn { stream: self.clone(), number: waiter.number, context, armed: true };
             // A caller that stopped waiting left its receiver behind; its
             // turn comes back and is given up at once, under this lock.
-            if let Err(mut started) = turn.send(started) {
+            if let Err(Go::Turn(mut started)) = turn.send(Go::Turn(started)) {
                 started.armed = false;
                 state.leave(started.number, None);
             }
@@ -209,7 +235,7 @@ impl Arrival {
                     Some(receiver)
                 }
                 Step::Planning => None,
-                Step::Planned { .. } => unreachable!("a place is planned by its one call"),
+                Step::Planned { .. } | Step::Replanning => unreachable!("a place is planned by its one call"),
             }
         };
         if let Some(queued) = queued {
@@ -221,26 +247,43 @@ impl Arrival {
         }
 
         let fuel = stream.options.batch_fuel.map(BatchFuel::new);
-        let planning = call::prepare(&stream.pool, &tool_use, fuel.as_ref(), stream.options.max_input);
+        let context = stream.lock().admission.context().clone();
+        let (pool, max_input) = (&stream.pool, stream.options.max_input);
+        let planning = call::prepare(pool, &tool_use, &context, fuel.as_ref(), max_input);
         // A panic in the host still gives the call its one result, as in a
         // batch, and the request its answer.
-        let planned = match AssertUnwindSafe(planning).catch_unwind().await {
+        let mut planned = match AssertUnwindSafe(planning).catch_unwind().await {
             Ok(Ok(planned)) => planned,
             // Nothing to run: the place is given up.
             Ok(Err(result)) => return finished(&events, result),
             Err(_) => return finished(&events, ToolResult::error(&tool_use.id, PLANNING_PANICKED)),
         };
-        let (sender, receiver) = oneshot::channel();
-        {
-            let mut state = stream.lock();
-            let waiter = state.waiter(self.0.number).expect("a place is in the queue until its call runs");
-            waiter.step = Step::Planned { safe: planned.concurrency_safe, turn: sender };
-            stream.pump(&mut state);
-        }
-        let turn = tokio::select! {
-            biased;
-            turn = receiver => turn.expect("a planned call is started or withdrawn, never dropped"),
-            () = interrupt.interrupted() => return finished(&events, not_started()),
+        let mut context = context;
+        let turn = loop {
+            let (sender, receiver) = oneshot::channel();
+            {
+                let mut state = stream.lock();
+                let waiter =
+                    state.waiter(self.0.number).expect("a place is in the queue until its call runs");
+                let safe = planned.concurrency_safe;
+                waiter.step = Step::Planned { safe, context: context.clone(), turn: sender };
+                stream.pump(&mut state);
+            }
+            let go = tokio::select! {
+                biased;
+                go = receiver => go.expect("a planned call is started or withdrawn, never dropped"),
+                () = interrupt.interrupted() => return finished(&events, not_started()),
+            };
+            match go {
+                Go::Turn(turn) => break turn,
+                Go::Replan(now) => {
+                    let replanning = planned.replan(now.clone());
+                    if AssertUnwindSafe(replanning).catch_unwind().await.is_err() {
+                        return finished(&events, ToolResult::error(&tool_use.id, PLANNING_PANICKED));
+                    }
+                    context = now;
+                }
+            }
         };
         // Started: nothing left to withdraw.
         std::mem::forget(place);

@@ -16,7 +16,7 @@ use clap::Args;
 use keel_host::config::Config;
 use keel_host::load::{Access, Grants, PluginGrant, PluginTool, Runtime, default_cache_dir};
 use keel_host::pool::InputSchema;
-use keel_host::tool::{InterruptBehavior, PermissionDecision, ResultSize, Tool as _, ToolSpec};
+use keel_host::tool::{InterruptBehavior, PermissionDecision, ResultSize, Tool as _, ToolOrigin, ToolSpec};
 use keel_host::{CONTRACT_VERSION, Limits};
 use serde_json::{Map, Value, json};
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -148,7 +148,8 @@ pub fn run(args: &InspectArgs) -> Result<()> {
 /// does, noting which trapped.
 async fn ask(plugin: &PluginTool, input: &Value, warnings: &Warnings) -> Vec<Answer> {
     let mut answers = Vec::new();
-    let mut call = match plugin.invoke(input.clone()).await {
+    let context = Arc::new(keel_host::context::initial());
+    let mut call = match plugin.invoke(input.clone(), context).await {
         Ok(call) => call,
         Err(error) => {
             let trapped = Some(error.to_string());
@@ -249,7 +250,7 @@ impl Report {
         let report = self.plugin.load_report();
         let mut out = json!({
             "path": path.display().to_string(),
-            "contract": CONTRACT_VERSION,
+            "contract": self.contract(),
             "tool": self.spec,
             "size": report.size,
             "compile_ms": report.compile_time.as_millis() as u64,
@@ -263,6 +264,14 @@ impl Report {
             Err(reason) => out["input_error"] = json!(reason),
         }
         out
+    }
+
+    /// The contract version the plugin was built against.
+    fn contract(&self) -> &'static str {
+        match self.spec.origin {
+            ToolOrigin::Plugin { contract, .. } => contract,
+            ToolOrigin::BuiltIn => CONTRACT_VERSION,
+        }
     }
 
     fn to_text(&self, path: &Path, grant: &PluginGrant, config: &str) -> String {
@@ -282,7 +291,13 @@ impl Report {
         if spec.user_facing_name != spec.name {
             field("shown as", &spec.user_facing_name);
         }
-        field("contract", &format!("keel:tool@{CONTRACT_VERSION}"));
+        let contract = self.contract();
+        let newest = if contract == CONTRACT_VERSION {
+            String::new()
+        } else {
+            format!(" (older than {CONTRACT_VERSION}: its questions do not see the context)")
+        };
+        field("contract", &format!("keel:tool@{contract}{newest}"));
         field("size", &format!("{} bytes", group(report.size)));
         let source = if report.from_cache { "loaded from the compile cache" } else { "compiled" };
         field("compile", &format!("{} ms, {source}", report.compile_time.as_millis()));

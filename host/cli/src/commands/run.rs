@@ -10,7 +10,7 @@ use anyhow::{Context as _, Result, bail};
 use clap::Args;
 use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use keel_host::Limits;
-use keel_host::batch::{parse_batch_bytes, user_message};
+use keel_host::batch::{openai_messages, parse_batch_bytes, user_message};
 use keel_host::config::Config;
 use keel_host::{BatchRun, Event, Host, HostBuilder};
 
@@ -23,10 +23,24 @@ pub struct RunArgs {
     /// message.
     #[arg(long)]
     events: bool,
+    /// The shape of the printed results: the Anthropic user message of
+    /// `tool_result` blocks, or the OpenAI Chat Completions `tool` messages
+    /// (text only: an image is named in a line of text).
+    #[arg(long, value_enum, default_value_t = ResultFormat::Anthropic, conflicts_with = "events")]
+    format: ResultFormat,
     /// A JSON file holding an array of tool_use blocks or an assistant
     /// message; `-` reads standard input.
     #[arg(value_name = "BATCH")]
     batch: String,
+}
+
+/// The shapes `keel run` prints its results in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ResultFormat {
+    /// An Anthropic Messages user message of `tool_result` blocks.
+    Anthropic,
+    /// OpenAI Chat Completions `tool` messages, one per result.
+    Openai,
 }
 
 /// The flags every command that builds a host shares.
@@ -86,7 +100,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 }
             }
             let outcome = run.finish().await;
-            println!("{}", serde_json::to_string_pretty(&user_message(&outcome.results))?);
+            let message = match args.format {
+                ResultFormat::Anthropic => user_message(&outcome.results),
+                ResultFormat::Openai => serde_json::Value::from(openai_messages(&outcome.results)),
+            };
+            println!("{}", serde_json::to_string_pretty(&message)?);
         }
         anyhow::Ok(())
     })

@@ -188,10 +188,29 @@ impl ServerHandler for Server {
             .get_progress_token()
             .map(|token| ProgressForwarder::start(context.peer.clone(), token));
         let result = self.call(tool_use, arrival, &context.ct, progress).await;
-        let content = vec![ContentBlock::text(result.content)];
-        let result =
+        let structured = result.structured.clone();
+        let content = mcp_content(result.content);
+        let mut result =
             if result.is_error { CallToolResult::error(content) } else { CallToolResult::success(content) };
+        result.structured_content = structured;
         Ok(result.into())
+    }
+}
+
+/// A result's blocks as MCP content: text as text, images as base64 image
+/// content.
+fn mcp_content(content: keel_host::Content) -> Vec<ContentBlock> {
+    match content {
+        keel_host::Content::Text(text) => vec![ContentBlock::text(text)],
+        keel_host::Content::Blocks(blocks) => blocks
+            .into_iter()
+            .map(|block| match block {
+                keel_host::ContentBlock::Text(text) => ContentBlock::text(text),
+                keel_host::ContentBlock::Image(image) => {
+                    ContentBlock::image(image.base64(), image.media_type)
+                }
+            })
+            .collect(),
     }
 }
 

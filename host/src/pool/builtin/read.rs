@@ -111,14 +111,16 @@ impl Tool for Read {
         &self.spec
     }
 
-    async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError> {
-        Ok(Box::new(ReadCall { mounts: self.mounts.clone(), input }))
+    async fn invoke(&self, input: Value, context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {
+        Ok(Box::new(ReadCall { mounts: self.mounts.clone(), input, context }))
     }
 }
 
 struct ReadCall {
     mounts: Arc<Mounts>,
     input: Value,
+    /// The context the call runs with: its `cwd` resolves `file_path`.
+    context: Arc<Value>,
 }
 
 #[async_trait]
@@ -129,6 +131,10 @@ impl Invocation for ReadCall {
 
     fn set_input(&mut self, input: Value) {
         self.input = input;
+    }
+
+    fn set_context(&mut self, context: Arc<Value>) {
+        self.context = context;
     }
 
     async fn is_concurrency_safe(&mut self) -> bool {
@@ -147,18 +153,22 @@ impl Invocation for ReadCall {
         true
     }
 
+    /// The file, relative to the workspace root whatever the working
+    /// directory, as the call will read it.
     async fn permission_subject(&mut self) -> Option<String> {
-        self.input.get("file_path").and_then(Value::as_str).map(str::to_string)
+        let path = self.input.get("file_path").and_then(Value::as_str)?;
+        Some(crate::contract::workspace_relative(crate::contract::cwd(&self.context), path))
     }
 
     async fn activity_description(&mut self) -> Option<String> {
-        self.permission_subject().await.map(|path| format!("Reading {path}"))
+        let path = self.input.get("file_path").and_then(Value::as_str)?;
+        Some(format!("Reading {path}"))
     }
 
     async fn call(self: Box<Self>, cx: CallContext) -> Result<CallOutput, CallError> {
         let input: Input = serde_json::from_value(self.input)
             .map_err(|error| CallError::Tool(format!("invalid input: {error}")))?;
-        let cwd = cx.context.get("cwd").and_then(Value::as_str).unwrap_or(WORKSPACE_MOUNT);
+        let cwd = crate::contract::cwd(&cx.context);
         let Some((mount, relative)) = self.mounts.locate(cwd, &input.file_path) else {
             let outside =
                 if self.mounts.dirs.len() > 1 { "the granted directories" } else { "the workspace" };
@@ -172,7 +182,7 @@ impl Invocation for ReadCall {
             .map_err(|reason| CallError::Tool(format!("cannot read {shown}: {reason}")))?;
         let offset = input.offset.unwrap_or(1).max(1);
         let limit = input.limit.unwrap_or(DEFAULT_LINE_LIMIT);
-        Ok(CallOutput { content: number_lines(&text, offset, limit), context_modifier: None })
+        Ok(CallOutput::text(number_lines(&text, offset, limit)))
     }
 }
 

@@ -106,7 +106,7 @@ impl Tool for ToolSearch {
         &self.spec
     }
 
-    async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError> {
+    async fn invoke(&self, input: Value, _context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {
         Ok(Box::new(SearchCall { catalog: self.catalog.clone(), input }))
     }
 }
@@ -125,6 +125,10 @@ impl Invocation for SearchCall {
     fn set_input(&mut self, input: Value) {
         self.input = input;
     }
+
+    /// A search reads the catalog, not the workspace: no answer depends on
+    /// the context.
+    fn set_context(&mut self, _context: Arc<Value>) {}
 
     async fn is_concurrency_safe(&mut self) -> bool {
         true
@@ -170,7 +174,7 @@ impl Invocation for SearchCall {
             out.push_str("</functions>");
             out
         };
-        Ok(CallOutput { content, context_modifier: None })
+        Ok(CallOutput::text(content))
     }
 }
 
