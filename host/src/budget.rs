@@ -594,7 +594,7 @@ mod tests {
         let mut spec = read();
         spec.name = name.into();
         spec.max_result_size = size;
-        spec.origin = crate::tool::ToolOrigin::Plugin { path: format!("{name}.wasm").into() };
+        spec.origin = crate::tool::ToolOrigin::Plugin { path: format!("{name}.wasm").into(), contract: "0.3.0" };
         spec.trusted = trusted;
         spec
     }

@@ -61,8 +61,8 @@ fn a_write_cannot_leave_the_workspace() {
     for result in &outcome.results {
         assert!(result.is_error, "{result:?}");
         // The sandbox has no directory to put the file in, whatever the path says.
-        assert!(result.content.starts_with("failed to "), "{}", result.content);
-        assert!(result.content.contains("No such file or directory"), "{}", result.content);
+        assert!(result.content.text().starts_with("failed to "), "{}", result.content);
+        assert!(result.content.text().contains("No such file or directory"), "{}", result.content);
     }
     let beside: Vec<_> = std::fs::read_dir(root.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
     assert_eq!(beside, ["ws"]);
@@ -98,9 +98,9 @@ fn broken_json_input_and_a_tool_error_fail_only_their_call() {
     )
     .unwrap();
     let results = block_on(host.run_batch(&batch)).results;
-    assert!(results[0].content.starts_with("Invalid input for grep: the input is not valid JSON: "));
-    assert!(results[1].content.starts_with("Invalid input for grep: `pattern` is not a valid regex: "));
-    assert!(results[2].content.starts_with("cannot search missing: "), "{}", results[2].content);
+    assert!(results[0].content.text().starts_with("Invalid input for grep: the input is not valid JSON: "));
+    assert!(results[1].content.text().starts_with("Invalid input for grep: `pattern` is not a valid regex: "));
+    assert!(results[2].content.text().starts_with("cannot search missing: "), "{}", results[2].content);
     assert!(results[..3].iter().all(|r| r.is_error));
     assert_eq!(results[3], ToolResult::ok("d", "No matches in 0 files"));
 }

@@ -51,15 +51,15 @@ fn a_grep_returning_3_mb_is_persisted_with_a_2_kb_preview() {
     let host = block_on(example_host(&workspace).build()).unwrap();
     let grep = host.pool().get("grep").unwrap();
     let output = block_on(async {
-        let call = grep.tool.invoke(json!({ "pattern": "needle" })).await.unwrap();
+        let call = grep.tool.invoke(json!({ "pattern": "needle" }), crate::at_root()).await.unwrap();
         call.call(CallContext::new(context::initial())).await.unwrap()
     });
-    assert_eq!(output.content.len(), expected.len(), "grep printed every line");
+    assert_eq!(output.to_text().len(), expected.len(), "grep printed every line");
 
     let budget = Budget::new(&BudgetConfig::default(), &session);
     let threshold = budget.threshold(grep.tool.spec());
     assert_eq!(threshold, Threshold::Chars(50_000));
-    let result = block_on(budget.per_tool(ToolResult::ok("toolu_grep", output.content), threshold));
+    let result = block_on(budget.per_tool(ToolResult::ok("toolu_grep", output.to_text()), threshold));
 
     let size = expected.len();
     assert_eq!(
@@ -105,20 +105,20 @@ fn ten_results_totalling_400k_chars_are_persisted_largest_first_until_200k() {
         format!(
             "<persisted-output>\nOutput too large (40000 chars, 40000 bytes). Full output saved to: \
              tool-results/toolu_{i}.txt\n\nPreview (first 1999 bytes):\n{}\n...\n</persisted-output>",
-            &message[i].content[..1_999]
+            &message[i].content.text()[..1_999]
         )
     };
     // Equal sizes: the earliest go first; six bring 400K under 200K.
     for (i, result) in sent.iter().enumerate() {
-        let expected = if i < 6 { block(i) } else { message[i].content.clone() };
+        let expected = if i < 6 { block(i) } else { message[i].content.text().into_owned() };
         assert_eq!(result, &ToolResult::ok(format!("toolu_{i}"), expected), "toolu_{i}");
     }
-    let total: usize = sent.iter().map(|r| r.content.chars().count()).sum();
+    let total: usize = sent.iter().map(|r| r.content.text().chars().count()).sum();
     assert_eq!(total, 6 * block(0).len() + 4 * 40_000);
     assert!(total <= 200_000);
     for (i, original) in message.iter().enumerate().take(6) {
         let file = session.path().join(format!("tool-results/toolu_{i}.txt"));
-        assert_eq!(std::fs::read_to_string(file).unwrap(), original.content);
+        assert_eq!(std::fs::read_to_string(file).unwrap(), original.content.text());
     }
     assert!(!session.path().join("tool-results/toolu_6.txt").exists());
     assert_eq!(ledger.get("toolu_0"), Some(&Decision::Replaced { content: block(0), is_error: false }));

@@ -130,7 +130,7 @@ fn a_plugin_changed_after_a_warm_start_is_not_run_as_another() {
 
     let result = write(&host, "out.txt");
     assert!(result.is_error);
-    assert!(result.content.contains("changed since keel loaded it"), "{}", result.content);
+    assert!(result.content.text().contains("changed since keel loaded it"), "{}", result.content);
     assert!(!settled.workspace.path().join("out.txt").exists());
 }
 
@@ -163,6 +163,6 @@ fn concurrent_first_calls_of_a_plugin_whose_code_is_not_loaded_all_run() {
     let (events, results, _) = crate::events_of(&host, calls);
     assert!(crate::most_in_flight(&events) > 1, "the calls overlapped");
     for result in &results {
-        assert!(!result.is_error && result.content.contains("notes.txt:1:a needle"), "{}", result.content);
+        assert!(!result.is_error && result.content.text().contains("notes.txt:1:a needle"), "{}", result.content);
     }
 }

@@ -56,7 +56,7 @@ impl World {
 
 fn run(host: &Host, input: Value) -> ToolResult {
     let results = block_on(host.run_batch(&[ToolUse::new("a", "hostile", input)])).results;
-    assert!(!results[0].content.contains(SECRET), "the secret leaked: {}", results[0].content);
+    assert!(!results[0].content.text().contains(SECRET), "the secret leaked: {}", results[0].content);
     results.into_iter().next().unwrap()
 }
 
@@ -69,7 +69,7 @@ fn reads_outside_the_workspace_find_nothing() {
     let world = World::new();
     let host = world.host("");
     let secret = world.outside().join("secret.txt");
-    let read = |path: &str| run(&host, json!({ "act": "read", "path": path })).content;
+    let read = |path: &str| run(&host, json!({ "act": "read", "path": path })).content.text().into_owned();
     assert_eq!(read("/workspace/notes.txt"), "original", "the control read works");
     let absolute = secret.display().to_string();
     let attempts = [
@@ -203,7 +203,7 @@ fn the_environment_holds_only_granted_variables_and_there_are_no_args() {
 
     let ungranted = run(&world.host(""), json!({ "act": "env" }));
     assert_eq!(ungranted, ToolResult::ok("a", r#"{"vars":[],"args":[]}"#));
-    assert!(!ungranted.content.contains(&path) && !ungranted.content.contains(&home));
+    assert!(!ungranted.content.text().contains(&path) && !ungranted.content.text().contains(&home));
 
     let granted = run(
         &world.host("[plugins.hostile]\nenv = [\"PATH\", \"KEEL_TEST_NEVER_SET\"]\n"),
@@ -280,7 +280,7 @@ fn read_is_held_to_the_same_grants() {
     let read = |path: &str| {
         let results =
             block_on(host.run_batch(&[ToolUse::new("r", "Read", json!({ "file_path": path }))])).results;
-        assert!(!results[0].content.contains(SECRET), "the secret leaked: {}", results[0].content);
+        assert!(!results[0].content.text().contains(SECRET), "the secret leaked: {}", results[0].content);
         results.into_iter().next().unwrap()
     };
     assert_eq!(read("/reference/ref.txt"), ToolResult::ok("r", "     1\treference text\n"));
@@ -288,7 +288,7 @@ fn read_is_held_to_the_same_grants() {
     for path in ["link.txt", "link-dir/secret.txt"] {
         let result = read(path);
         assert!(
-            result.is_error && result.content.starts_with(&format!("cannot read {path}: ")),
+            result.is_error && result.content.text().starts_with(&format!("cannot read {path}: ")),
             "{result:?}"
         );
     }

@@ -76,15 +76,18 @@ fn a_loop_in_a_question_gives_its_conservative_answer() {
     let tool = host.pool().get("hostile").unwrap().tool.clone();
     block_on(async {
         let mut spinning = tool
-            .invoke(json!({ "act": "ok", "read_only": true, "concurrency_safe": true,
-                            "loop_in": ["plan", "is_destructive"] }))
+            .invoke(
+                json!({ "act": "ok", "read_only": true, "concurrency_safe": true,
+                            "loop_in": ["plan", "is_destructive"] }),
+                crate::at_root(),
+            )
             .await
             .unwrap();
         assert!(!spinning.is_read_only().await, "fallback: assume it writes");
         assert!(!spinning.is_concurrency_safe().await, "fallback: run alone");
         assert!(spinning.is_destructive().await, "fallback: assume irreversible");
         let output = spinning.call(CallContext::new(context::initial())).await.unwrap();
-        assert_eq!(output.content, "ok", "the call itself runs in a fresh sandbox");
+        assert_eq!(output.to_text(), "ok", "the call itself runs in a fresh sandbox");
     });
     let results =
         block_on(host.run_batch(&[attack("c", json!({ "act": "ok", "loop_in": ["check"] })), healthy()]))
@@ -163,8 +166,8 @@ fn a_panic_in_call_is_a_crash_quoting_the_panic() {
     let host = host(workspace.path(), Limits::default());
     let result = survive(&host, json!({ "act": "panic" }));
     assert!(result.is_error);
-    assert!(result.content.starts_with("hostile failed: the tool crashed: "), "{}", result.content);
-    assert!(result.content.contains("hostile: panicking in call as asked"), "{}", result.content);
+    assert!(result.content.text().starts_with("hostile failed: the tool crashed: "), "{}", result.content);
+    assert!(result.content.text().contains("hostile: panicking in call as asked"), "{}", result.content);
 }
 
 #[test]
@@ -195,11 +198,11 @@ fn a_progress_report_that_is_not_json_arrives_as_a_string() {
         progress: Arc::new(move |value| sink.lock().unwrap().push(value)),
     };
     let output = block_on(async {
-        let call = tool.invoke(json!({ "act": "bad_progress" })).await.unwrap();
+        let call = tool.invoke(json!({ "act": "bad_progress" }), crate::at_root()).await.unwrap();
         call.call(cx).await
     })
     .unwrap();
-    assert_eq!(output.content, "progress sent");
+    assert_eq!(output.to_text(), "progress sent");
     assert_eq!(*reports.lock().unwrap(), [json!("{not json")]);
 }
 
@@ -219,7 +222,7 @@ fn a_batch_cannot_burn_more_than_its_allowance() {
     );
     assert!(results[2].is_error);
     assert!(
-        results[2].content.ends_with("batch fuel allowance of 300000000 units exceeded"),
+        results[2].content.text().ends_with("batch fuel allowance of 300000000 units exceeded"),
         "the third finds the allowance spent: {}",
         results[2].content
     );
@@ -235,7 +238,7 @@ fn a_call_finding_the_allowance_spent_is_refused_naming_it() {
     let spent = BatchFuel::new(1_000);
     assert_eq!(spent.take(1_000), 1_000);
     block_on(async {
-        let mut call = tool.invoke(json!({ "act": "ok" })).await.unwrap();
+        let mut call = tool.invoke(json!({ "act": "ok" }), crate::at_root()).await.unwrap();
         call.share_batch_fuel(spent.clone());
         assert_eq!(
             call.validate_input().await,
@@ -257,10 +260,10 @@ fn unburnt_fuel_goes_back_to_the_batch() {
     let tool = host.pool().get("hostile").unwrap().tool.clone();
     let allowance = BatchFuel::new(10_000_000_000);
     block_on(async {
-        let mut call = tool.invoke(json!({ "act": "ok" })).await.unwrap();
+        let mut call = tool.invoke(json!({ "act": "ok" }), crate::at_root()).await.unwrap();
         call.share_batch_fuel(allowance.clone());
         assert_eq!(call.validate_input().await, Ok(()));
-        assert_eq!(call.call(CallContext::new(context::initial())).await.unwrap().content, "ok");
+        assert_eq!(call.call(CallContext::new(context::initial())).await.unwrap().to_text(), "ok");
     });
     let burnt = allowance.total() - allowance.left();
     assert!(burnt > 0 && burnt < 10_000_000, "only what was burnt is gone: {burnt}");

@@ -15,7 +15,7 @@ fn loads_each_example_tool_with_its_metadata() {
     let grep = host.pool().get("grep").unwrap().tool.spec();
     assert_eq!(grep.max_result_size, ResultSize::Chars(50_000));
     assert_eq!(grep.interrupt, InterruptBehavior::Cancel);
-    assert_eq!(grep.origin, ToolOrigin::Plugin { path: guest("keel_tool_grep") });
+    assert_eq!(grep.origin, ToolOrigin::Plugin { path: guest("keel_tool_grep"), contract: "0.3.0" });
     assert_eq!(grep.input_schema["required"], serde_json::json!(["pattern"]));
     assert_eq!(grep.input_schema["properties"]["glob"]["type"], serde_json::json!(["string", "null"]));
 

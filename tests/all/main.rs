@@ -4,6 +4,8 @@
 mod batch;
 mod budget;
 mod cache;
+mod content;
+mod context;
 mod contract;
 mod fuzz;
 mod grants;
@@ -17,6 +19,7 @@ mod scheduler;
 mod soak;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use async_trait::async_trait;
 use keel_host::tool::{CallContext, CallError, CallOutput};
@@ -79,6 +82,12 @@ pub fn shared_cache() -> PathBuf {
     Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache")
 }
 
+/// The context of a call made at the workspace root, as a tool is invoked
+/// with it.
+pub fn at_root() -> Arc<Value> {
+    Arc::new(keel_host::context::initial())
+}
+
 /// A multi-threaded runtime, as the CLI uses.
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(future)
@@ -93,7 +102,7 @@ impl Tool for Fake {
         &self.0
     }
 
-    async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError> {
+    async fn invoke(&self, input: Value, _context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {
         Ok(Box::new(FakeCall { name: self.0.name.clone(), input }))
     }
 }
@@ -113,7 +122,10 @@ impl Invocation for FakeCall {
         self.input = input;
     }
 
+    /// Its answers are the defaults, whatever the context.
+    fn set_context(&mut self, _context: Arc<Value>) {}
+
     async fn call(self: Box<Self>, _cx: CallContext) -> Result<CallOutput, CallError> {
-        Ok(CallOutput { content: format!("ran {}", self.name), context_modifier: None })
+        Ok(CallOutput::text(format!("ran {}", self.name)))
     }
 }

@@ -53,13 +53,13 @@ fn a_trap_in_each_question_gives_its_fallback() {
     let tool = host.pool().get("trap_queries").unwrap().tool.clone();
     block_on(async {
         let input = |exports: &[&str]| json!({ "trap_in": exports, "message": "subject" });
-        let mut healthy = tool.invoke(input(&[])).await.unwrap();
+        let mut healthy = tool.invoke(input(&[]), crate::at_root()).await.unwrap();
         assert!(healthy.is_read_only().await);
         assert!(!healthy.is_destructive().await);
         assert_eq!(healthy.permission_subject().await, Some("subject".into()));
 
         let mut trapped =
-            tool.invoke(input(&["is_read_only", "is_destructive", "permission_subject"])).await.unwrap();
+            tool.invoke(input(&["is_read_only", "is_destructive", "permission_subject"]), crate::at_root()).await.unwrap();
         assert!(!trapped.is_read_only().await, "fallback: assume it writes");
         assert!(!trapped.is_concurrency_safe().await, "one `plan` answers both: both fall back");
         assert!(trapped.is_destructive().await, "fallback: assume irreversible");
@@ -95,12 +95,12 @@ fn traps_in_validation_permission_and_call_fail_only_their_call() {
     );
     assert!(results[2].is_error);
     assert!(
-        results[2].content.starts_with("trap_queries failed: the tool crashed: "),
+        results[2].content.text().starts_with("trap_queries failed: the tool crashed: "),
         "{}",
         results[2].content
     );
     assert!(
-        results[2].content.contains("trapping in `call` as the input asks"),
+        results[2].content.text().contains("trapping in `call` as the input asks"),
         "the guest's panic message is surfaced: {}",
         results[2].content
     );
@@ -113,5 +113,5 @@ fn a_misspelt_export_name_is_refused_by_the_guest() {
     let (_workspace, host) = host();
     let results = block_on(host.run_batch(&[trapping("x", &["is_concurency_safe"])])).results;
     assert!(results[0].is_error);
-    assert!(results[0].content.contains("`trap_in` names `is_concurency_safe`"), "{}", results[0].content);
+    assert!(results[0].content.text().contains("`trap_in` names `is_concurency_safe`"), "{}", results[0].content);
 }

@@ -22,7 +22,7 @@ fn safe_calls_overlap_and_never_exceed_the_cap() {
     let uses = (0..12).map(|i| ToolUse::new(format!("s{i:02}"), "sleep", json!({ "ms": 40 }))).collect();
     let (events, results, _) = events_of(&host, uses);
     assert_eq!(most_in_flight(&events), 3, "three at once, never more");
-    assert!(results.iter().all(|r| r.content == "Slept 40 ms"));
+    assert!(results.iter().all(|r| r.content.text() == "Slept 40 ms"));
     let ids: Vec<&str> = results.iter().map(|r| r.tool_use_id.as_str()).collect();
     assert_eq!(ids, (0..12).map(|i| format!("s{i:02}")).collect::<Vec<_>>());
 }
@@ -100,7 +100,7 @@ impl Tool for Marker {
         marker_spec()
     }
 
-    async fn invoke(&self, input: Value) -> Result<Box<dyn Invocation>, CallError> {
+    async fn invoke(&self, input: Value, _context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {
         Ok(Box::new(MarkerCall(input)))
     }
 }
@@ -115,6 +115,9 @@ impl Invocation for MarkerCall {
         self.0 = input;
     }
 
+    /// Only the call reads the context.
+    fn set_context(&mut self, _context: Arc<Value>) {}
+
     async fn is_concurrency_safe(&mut self) -> bool {
         assert_ne!(self.0["panic"], "plan", "planning panics");
         true
@@ -125,10 +128,8 @@ impl Invocation for MarkerCall {
         let ms = self.0["ms"].as_u64().unwrap();
         tokio::time::sleep(Duration::from_millis(ms)).await;
         let seen = cx.context.get("last").cloned().unwrap_or(Value::Null);
-        Ok(CallOutput {
-            content: format!("saw last = {seen}"),
-            context_modifier: Some(json!({ "last": ms, "marks": { ms.to_string(): true } })),
-        })
+        let modifier = json!({ "last": ms, "marks": { ms.to_string(): true } });
+        Ok(CallOutput { context_modifier: Some(modifier), ..CallOutput::text(format!("saw last = {seen}")) })
     }
 }
 
@@ -152,7 +153,7 @@ fn queued_modifiers_apply_in_block_order_whatever_the_finishing_order() {
         })
         .collect();
     assert_eq!(finished, ["m3", "m2", "m1", "m0"], "the calls really finished in reverse");
-    assert!(results.iter().all(|r| r.content == "saw last = null"), "each saw the context as the run began");
+    assert!(results.iter().all(|r| r.content.text() == "saw last = null"), "each saw the context as the run began");
     assert_eq!(
         context,
         json!({ "cwd": "/workspace", "last": 1, "marks": { "90": true, "60": true, "30": true, "1": true } }),
@@ -183,7 +184,7 @@ fn a_call_that_panics_the_host_gets_its_one_result_and_the_others_run() {
     ];
     let (_, results, _) = events_of(&host, uses);
     let outcome: Vec<(&str, bool, &str)> =
-        results.iter().map(|r| (r.tool_use_id.as_str(), r.is_error, r.content.as_str())).collect();
+        results.iter().map(|r| (r.tool_use_id.as_str(), r.is_error, r.content.text().as_ref())).collect();
     assert_eq!(
         outcome,
         [
@@ -257,7 +258,7 @@ fn a_batch_longer_than_the_planning_window_runs_whole_and_in_order() {
     assert_eq!(got, ids, "one result per call, in order");
     assert_eq!(results[7], ToolResult::ok("e007", "7"));
     assert_eq!(results[100], ToolResult::ok("w", "Wrote 1 byte to f.txt"));
-    assert!(results[120].is_error && results[120].content.starts_with("No such tool: no_such_tool"));
+    assert!(results[120].is_error && results[120].content.text().starts_with("No such tool: no_such_tool"));
     assert_eq!(results.iter().filter(|result| result.is_error).count(), 1);
 
     let plans: Vec<&Event> = events.iter().filter(|event| matches!(event, Event::BatchPlan { .. })).collect();
@@ -309,7 +310,7 @@ fn calls_arriving_one_by_one_keep_a_batchs_order_and_context() {
         tokio::join!(searched, moved, unknown)
     });
     assert!(!moved.is_error, "{moved:?}");
-    assert!(searched.content.contains("in.txt") && !searched.content.contains("out.txt"), "{searched:?}");
+    assert!(searched.content.text().contains("in.txt") && !searched.content.text().contains("out.txt"), "{searched:?}");
     assert_eq!(unknown, ToolResult::error("nope", "No such tool: grpe. Did you mean grep?"));
     assert_eq!(stream.context()["cwd"], "/workspace/sub");
 }

@@ -66,11 +66,11 @@ fn a_thousand_calls_with_hostile_ones_mixed_in() {
             if tool_use.name == "hash" {
                 healthy += 1;
                 let expected = hex(&Sha256::digest(tool_use.id.as_bytes()));
-                assert_eq!((result.content.as_str(), result.is_error), (expected.as_str(), false));
+                assert_eq!((result.content.text().as_ref(), result.is_error), (expected.as_str(), false));
             } else {
                 assert!(result.is_error, "{}: {}", tool_use.id, result.content);
                 assert!(
-                    result.content.starts_with("hostile failed: "),
+                    result.content.text().starts_with("hostile failed: "),
                     "{}: {}",
                     tool_use.id,
                     result.content

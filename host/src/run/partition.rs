@@ -206,6 +206,25 @@ mod tests {
     }
 
     #[test]
+    fn ready_names_the_context_a_call_would_start_with_and_starts_nothing() {
+        let mut admission = Admission::new(2, json!({ "cwd": "/workspace" }));
+        let planned = admission.context().clone();
+        let ready = admission.ready(true).unwrap();
+        assert!(Arc::ptr_eq(&planned, &ready), "no change: the very context it was planned under");
+        assert!(admission.is_idle(), "asking starts nothing");
+        admission.start(false).unwrap();
+        assert!(admission.ready(true).is_none(), "nothing is ready beside a call running alone");
+        admission.finish(0, Some(json!({ "cwd": "/workspace/secrets" })));
+        let ready = admission.ready(false).unwrap();
+        assert!(!Arc::ptr_eq(&planned, &ready), "the lone call's change makes a new context");
+        assert_eq!(*ready, json!({ "cwd": "/workspace/secrets" }));
+        let run = admission.start(true).unwrap();
+        admission.finish(1, Some(json!({ "cwd": "/workspace/other" })));
+        assert_eq!(admission.ready(true).unwrap(), run, "a safe call joins the run as it began");
+        assert_eq!(*admission.ready(false).unwrap(), json!({ "cwd": "/workspace/other" }), "the run closed");
+    }
+
+    #[test]
     fn safe_runs_alternate_with_single_unsafe_calls() {
         assert_eq!(
             partition(&[true, true, false, false, true, false, true, true, true]),

@@ -273,8 +273,9 @@ mod tests {
     fn run(tool: &Read, input: Value) -> Result<CallOutput, CallError> {
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         runtime.block_on(async {
-            let call = tool.invoke(input).await.unwrap();
-            call.call(CallContext::new(json!({ "cwd": "/workspace" }))).await
+            let context = Arc::new(json!({ "cwd": "/workspace" }));
+            let call = tool.invoke(input, context.clone()).await.unwrap();
+            call.call(CallContext { context, progress: Arc::new(|_| {}) }).await
         })
     }
 
@@ -283,7 +284,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("a.txt"), "one\ntwo\nthree\n").unwrap();
         let out = read(dir.path(), json!({ "file_path": "a.txt" })).unwrap();
-        assert_eq!(out.content, "     1\tone\n     2\ttwo\n     3\tthree\n");
+        assert_eq!(out.to_text(), "     1\tone\n     2\ttwo\n     3\tthree\n");
     }
 
     #[test]
@@ -292,7 +293,7 @@ mod tests {
         std::fs::write(dir.path().join("a.txt"), "1\n2\n3\n4\n5\n").unwrap();
         let out =
             read(dir.path(), json!({ "file_path": "/workspace/a.txt", "offset": 2, "limit": 2 })).unwrap();
-        assert_eq!(out.content, "     2\t2\n     3\t3\n(lines 2-3 of 5; read on with offset=4)\n");
+        assert_eq!(out.to_text(), "     2\t2\n     3\t3\n(lines 2-3 of 5; read on with offset=4)\n");
     }
 
     #[test]
@@ -300,7 +301,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let line = "x".repeat(MAX_LINE_CHARS * 3);
         std::fs::write(dir.path().join("big.txt"), format!("{line}\n").repeat(200)).unwrap();
-        let out = read(dir.path(), json!({ "file_path": "big.txt" })).unwrap().content;
+        let out = read(dir.path(), json!({ "file_path": "big.txt" })).unwrap().to_text();
         assert!(out.chars().count() <= MAX_OUTPUT_CHARS + 200, "{}", out.len());
         assert!(out.lines().next().unwrap().ends_with(" [line cut]"));
         assert!(out.ends_with("read on with offset=50)\n"), "{}", &out[out.len() - 100..]);
@@ -358,11 +359,11 @@ mod tests {
         });
         let tool = Read::with_grant(&grant).unwrap();
         assert_eq!(
-            run(&tool, json!({ "file_path": "/reference/ref.txt" })).unwrap().content,
+            run(&tool, json!({ "file_path": "/reference/ref.txt" })).unwrap().to_text(),
             "     1\tfrom the reference\n"
         );
         assert_eq!(
-            run(&tool, json!({ "file_path": "../reference/ref.txt" })).unwrap().content,
+            run(&tool, json!({ "file_path": "../reference/ref.txt" })).unwrap().to_text(),
             "     1\tfrom the reference\n",
             "relative to the working directory /workspace"
         );

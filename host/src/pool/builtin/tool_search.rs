@@ -282,8 +282,8 @@ mod tests {
         let run = |input: Value| {
             let runtime = tokio::runtime::Builder::new_current_thread().build().unwrap();
             runtime.block_on(async {
-                let call = tool.invoke(input).await.unwrap();
-                call.call(CallContext::new(json!({}))).await.unwrap().content
+                let call = tool.invoke(input, Arc::new(json!({}))).await.unwrap();
+                call.call(CallContext::new(json!({}))).await.unwrap().to_text()
             })
         };
         assert_eq!(
