@@ -131,3 +131,89 @@ fn a_batch_that_is_not_utf8_fails_naming_the_offset() {
         "error: failed to read batch batch.json: not UTF-8 text: invalid byte at offset 9\n"
     );
 }
+
+/// `keel run` with the test guest `rich` alone, on `batch`: the parsed stdout.
+fn run_rich(args: &[&str], batch: &str) -> serde_json::Value {
+    let workspace = tempfile::tempdir().unwrap();
+    let rich = keel_tests::guest("keel_guest_rich");
+    let mut all = vec!["run", "--plugins", rich.to_str().unwrap()];
+    all.extend_from_slice(args);
+    all.push("-");
+    let output = keel(&all, workspace.path(), batch);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+const RICH_BATCH: &str = r#"[
+    {"type":"tool_use","id":"1","name":"rich","input":{"mode":"image"}},
+    {"type":"tool_use","id":"2","name":"rich","input":{"mode":"structured","value":{"count":3}}},
+    {"type":"tool_use","id":"3","name":"rich","input":{"mode":"structured","value":{"count":"x"}}}
+]"#;
+
+#[test]
+fn images_and_structured_values_print_as_tool_result_content() {
+    let message = run_rich(&[], RICH_BATCH);
+    let data = message["content"][0]["content"][1]["source"]["data"].as_str().expect("an image block").to_owned();
+    assert_eq!(
+        message,
+        serde_json::json!({
+            "role": "user",
+            "content": [
+                { "type": "tool_result", "tool_use_id": "1", "content": [
+                    { "type": "text", "text": "a tiny image" },
+                    { "type": "image", "source": { "type": "base64", "media_type": "image/png", "data": data } }
+                ] },
+                { "type": "tool_result", "tool_use_id": "2", "content": "{\"count\":3}" },
+                { "type": "tool_result", "tool_use_id": "3", "is_error": true, "content":
+                    "rich failed: the tool broke the keel contract: its structured value does not match its \
+                     output schema: /count: \"x\" is not of type \"integer\" (rule: type)" }
+            ]
+        })
+    );
+    // The PNG signature, base64-encoded.
+    assert!(data.starts_with("iVBORw0KGgo"), "{data}");
+}
+
+#[test]
+fn the_openai_format_carries_the_text_and_names_a_left_out_image() {
+    let messages = run_rich(&["--format", "openai"], RICH_BATCH);
+    assert_eq!(messages[0]["role"], "tool");
+    assert_eq!(messages[0]["tool_call_id"], "1");
+    let text = messages[0]["content"].as_str().unwrap();
+    let (first, second) = text.split_once('\n').expect("two lines");
+    assert_eq!(first, "a tiny image");
+    assert!(second.starts_with("[an image (image/png, ") && second.ends_with("was left out: this format carries text only]"));
+    assert_eq!(messages[1]["content"], "{\"count\":3}");
+}
+
+#[test]
+fn the_events_carry_a_structured_value_beside_its_text() {
+    let workspace = tempfile::tempdir().unwrap();
+    let rich = keel_tests::guest("keel_guest_rich");
+    let batch = r#"[{"type":"tool_use","id":"2","name":"rich","input":{"mode":"text-and-structured","value":{"count":3}}}]"#;
+    let output = keel(&["run", "--events", "--plugins", rich.to_str().unwrap(), "-"], workspace.path(), batch);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let result = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str::<serde_json::Value>(line).unwrap())
+        .find(|event| event["type"] == "tool_result")
+        .expect("a tool_result event");
+    assert_eq!(result["content"], "see the value");
+    assert_eq!(result["structured_content"], serde_json::json!({ "count": 3 }));
+}
+
+#[test]
+fn list_shows_a_tools_output_schema() {
+    let workspace = tempfile::tempdir().unwrap();
+    let output = keel(&["list", "--format", "json"], workspace.path(), "");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let tools: Vec<serde_json::Value> = serde_json::from_slice(&output.stdout).unwrap();
+    let wc = tools.iter().find(|tool| tool["name"] == "wc").expect("wc is bundled");
+    let schema = &wc["output_schema"];
+    for field in ["lines", "words", "bytes"] {
+        assert!(schema["properties"][field].is_object(), "{schema}");
+    }
+    let origin = &wc["origin"];
+    assert_eq!(origin["contract"], "0.3.0", "{origin}");
+}
