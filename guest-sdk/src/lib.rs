@@ -28,6 +28,42 @@
 //! Build it with `cargo build --release --target wasm32-wasip2` (the crate is a
 //! `cdylib`) and run it with `keel run --plugins target/wasm32-wasip2/release/`.
 //!
+//! # Questions before the call
+//!
+//! Before a call runs, the host asks the tool about its input: may it run
+//! beside others ([`Tool::is_concurrency_safe`]), does it write
+//! ([`Tool::is_read_only`]), is it allowed ([`Tool::check_permissions`]), what
+//! does a permission rule match ([`Tool::permission_subject`]) and so on.
+//! Every such question receives the [`Context`] the call will run with, the
+//! same one [`Tool::call`] receives, so an answer about a path resolves it
+//! exactly as the call will: with [`Context::resolve`], against the working
+//! directory a `cd` earlier in the batch may have changed.
+//!
+//! # Output
+//!
+//! A call returns an [`Output`]: the [`Block`]s the model reads, text and
+//! [`Image`]s in order, an optional structured value (for a tool that
+//! declares an output schema with [`Tool::output_schema`] and
+//! [`schema_for`]), and an optional change to the shared context.
+//!
+//! ```
+//! use keel_guest::{Context, Image, Output, Result, Tool};
+//! # use schemars::JsonSchema;
+//! # use serde::Deserialize;
+//! # #[derive(Deserialize, JsonSchema)]
+//! # struct Input {}
+//! # const PNG: &[u8] = &[];
+//! # struct Chart;
+//! # impl Tool for Chart {
+//! #     type Input = Input;
+//! #     const NAME: &str = "chart";
+//! #     const DESCRIPTION: &str = "Draws a chart.";
+//! fn call(_input: Input, _cx: &Context) -> Result<Output> {
+//!     Ok(Output::text("The chart:").with_image(Image::png(PNG)))
+//! }
+//! # }
+//! ```
+//!
 //! # Defaults
 //!
 //! Every method of [`Tool`] but [`Tool::call`] has a default, and each default is
@@ -40,13 +76,17 @@
 //!
 //! The host mounts the workspace at `/workspace` (read-only for a call whose
 //! [`Tool::is_read_only`] is true). [`Context::resolve`] turns a path from the
-//! input into the path to open.
+//! input into the path to open, and [`Context::workspace_relative`] names it
+//! for [`Tool::permission_subject`]: relative to the workspace root and
+//! normalized, whatever the working directory, so a rule written against the
+//! workspace (`Write(secrets/**)`) holds after a `cd`.
 //!
 //! # Contract version
 //!
-//! The component exports the interface `keel:tool/guest@`[`CONTRACT_VERSION`];
-//! a host built for another version refuses it at load with a message naming
-//! both versions, instead of failing at the first call.
+//! The component exports the interface `keel:tool/guest@`[`CONTRACT_VERSION`]
+//! (`wit/v0.3.0/tool.wit` in the keel repository). A host loads the versions
+//! it supports and refuses any other at load with a message naming them,
+//! instead of failing at the first call.
 #![deny(missing_docs)]
 
 // The generated bindings name this crate by its absolute path, as they must
@@ -57,12 +97,13 @@ use std::fmt;
 use std::path::{Component, Path, PathBuf};
 
 use schemars::JsonSchema;
+use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 pub use serde_json::{Value, json};
 
 /// The version of the WIT contract (`keel:tool`) this SDK builds against.
-pub const CONTRACT_VERSION: &str = "0.2.0";
+pub const CONTRACT_VERSION: &str = "0.3.0";
 
 /// Where the host mounts the workspace inside the sandbox.
 pub const WORKSPACE_MOUNT: &str = "/workspace";
@@ -156,26 +197,162 @@ macro_rules! bail {
 /// The result type of a tool's methods.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// The JSON Schema of `T`, derived as the input schema is: what
+/// [`Tool::output_schema`] returns for a tool with structured output.
+///
+/// ```
+/// use keel_guest::Value;
+/// use schemars::JsonSchema;
+///
+/// #[derive(JsonSchema)]
+/// struct Counts { /** Lines in the file. */ lines: u64 }
+///
+/// let schema = keel_guest::schema_for::<Counts>();
+/// assert_eq!(schema["properties"]["lines"]["description"], "Lines in the file.");
+/// assert_eq!(schema["required"], Value::from(vec!["lines"]));
+/// ```
+pub fn schema_for<T: JsonSchema>() -> Value {
+    serde_json::to_value(schemars::schema_for!(T)).expect("a derived schema is valid JSON")
+}
+
+/// An image a tool hands back: encoded bytes and what they are.
+///
+/// The host checks that `data` holds an image of `media_type` and refuses the
+/// result otherwise, so label the bytes with what they are.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Image {
+    /// The media type of `data`: `image/png`, `image/jpeg`, `image/gif` or
+    /// `image/webp`.
+    pub media_type: String,
+    /// The encoded image.
+    pub data: Vec<u8>,
+}
+
+impl Image {
+    /// An image of the given media type.
+    pub fn new(media_type: impl Into<String>, data: impl Into<Vec<u8>>) -> Self {
+        Image { media_type: media_type.into(), data: data.into() }
+    }
+
+    /// A PNG image (`image/png`).
+    pub fn png(data: impl Into<Vec<u8>>) -> Self {
+        Image::new("image/png", data)
+    }
+
+    /// A JPEG image (`image/jpeg`).
+    pub fn jpeg(data: impl Into<Vec<u8>>) -> Self {
+        Image::new("image/jpeg", data)
+    }
+
+    /// A GIF image (`image/gif`).
+    pub fn gif(data: impl Into<Vec<u8>>) -> Self {
+        Image::new("image/gif", data)
+    }
+
+    /// A WebP image (`image/webp`).
+    pub fn webp(data: impl Into<Vec<u8>>) -> Self {
+        Image::new("image/webp", data)
+    }
+}
+
+/// One block of a call's result, in the order the model reads them.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Block {
+    /// Text.
+    Text(String),
+    /// An image.
+    Image(Image),
+}
+
 /// What a successful call hands back.
+///
+/// ```
+/// use keel_guest::{Block, Image, Output, OutputText, json};
+///
+/// let output = Output::text("Two files written")
+///     .with_image(Image::png(vec![0x89, b'P', b'N', b'G']))
+///     .with_context_modifier(json!({ "files_written": 2 }));
+/// assert!(matches!(output.content.as_slice(), [Block::Text(_), Block::Image(_)]));
+/// assert_eq!(output.text(), "Two files written");
+/// ```
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct Output {
-    /// The text the model reads as the tool result.
-    pub content: String,
+    /// What the model reads, in order: text and image blocks.
+    pub content: Vec<Block>,
+    /// A structured value: only for a tool whose [`Tool::output_schema`] is
+    /// declared, and the host checks the value against that schema. With no
+    /// text block, the model reads the value's JSON text.
+    pub structured: Option<Value>,
     /// A change to the shared context, applied by the host as a JSON merge
     /// patch (RFC 7396) before the calls that follow see it.
     pub context_modifier: Option<Value>,
 }
 
 impl Output {
-    /// An output of plain text with no context change.
+    /// An output of one text block.
     pub fn text(content: impl Into<String>) -> Self {
-        Output { content: content.into(), context_modifier: None }
+        Output::default().with_text(content)
+    }
+
+    /// An output of one image block.
+    pub fn image(image: Image) -> Self {
+        Output::default().with_image(image)
+    }
+
+    /// An output whose structured value is `value` and that has no text
+    /// block: the host shows the model the value's JSON text. The tool must
+    /// declare the value's schema with [`Tool::output_schema`].
+    ///
+    /// Fails only when `value` cannot be represented as JSON (a map with
+    /// non-string keys, say).
+    pub fn structured<T: Serialize>(value: &T) -> Result<Output> {
+        Ok(Output { structured: Some(serde_json::to_value(value)?), ..Output::default() })
+    }
+
+    /// Append a text block.
+    pub fn with_text(mut self, text: impl Into<String>) -> Self {
+        self.content.push(Block::Text(text.into()));
+        self
+    }
+
+    /// Append an image block.
+    pub fn with_image(mut self, image: Image) -> Self {
+        self.content.push(Block::Image(image));
+        self
     }
 
     /// Attach a context change: a JSON object merged into the shared context.
     pub fn with_context_modifier(mut self, patch: Value) -> Self {
         self.context_modifier = Some(patch);
         self
+    }
+}
+
+/// The text of an [`Output`]: `output.text()`, the text blocks joined, handy
+/// in a tool's tests.
+///
+/// It is a trait method only because `Output::text` already names the
+/// constructor and one type cannot have both as inherent items. [`export!`]
+/// brings the trait into scope in the module it is written in (and so in a
+/// `mod tests` that imports `super::*`); elsewhere import it:
+/// `use keel_guest::OutputText;`.
+pub trait OutputText {
+    /// The text blocks, joined with a newline between each two; images are
+    /// left out.
+    fn text(&self) -> String;
+}
+
+impl OutputText for Output {
+    fn text(&self) -> String {
+        let texts: Vec<&str> = self
+            .content
+            .iter()
+            .filter_map(|block| match block {
+                Block::Text(text) => Some(text.as_str()),
+                Block::Image(_) => None,
+            })
+            .collect();
+        texts.join("\n")
     }
 }
 
@@ -230,6 +407,31 @@ impl Context {
         out
     }
 
+    /// A path from the input named as a permission subject: resolved against
+    /// the working directory exactly as [`Context::resolve`] does, then
+    /// relative to the workspace root and normalized. The root itself is
+    /// `.`; a path outside the workspace keeps its absolute normalized form.
+    ///
+    /// A rule such as `Write(secrets/**)` is written against the workspace,
+    /// so a subject named this way matches it whatever the working directory.
+    ///
+    /// ```
+    /// use keel_guest::{Context, json};
+    ///
+    /// let cx = Context::new(json!({ "cwd": "/workspace/secrets" }));
+    /// assert_eq!(cx.workspace_relative("k.txt"), "secrets/k.txt");
+    /// assert_eq!(cx.workspace_relative(".."), ".");
+    /// assert_eq!(cx.workspace_relative("/etc/passwd"), "/etc/passwd");
+    /// ```
+    pub fn workspace_relative(&self, path: impl AsRef<Path>) -> String {
+        let resolved = self.resolve(path);
+        match resolved.strip_prefix(WORKSPACE_MOUNT) {
+            Ok(rest) if rest.as_os_str().is_empty() => ".".to_string(),
+            Ok(rest) => rest.display().to_string(),
+            Err(_) => resolved.display().to_string(),
+        }
+    }
+
     /// A value of the context by key, such as one a tool added earlier.
     pub fn get(&self, key: &str) -> Option<&Value> {
         self.value.get(key)
@@ -245,6 +447,12 @@ impl Context {
 ///
 /// Only `Input`, `NAME`, `DESCRIPTION` and [`Tool::call`] are required; every
 /// other item has the conservative default described on it.
+///
+/// Every question about one input receives the [`Context`] the call will run
+/// with, the one [`Tool::call`] then receives: resolve a path from the input
+/// with [`Context::resolve`] in an answer exactly as in the call, and name a
+/// path subject with [`Context::workspace_relative`]. The host asks again
+/// when the context changes before the call's turn.
 #[diagnostic::on_unimplemented(
     message = "`{Self}` is not a keel tool: it does not implement `keel_guest::Tool`",
     label = "`keel_guest::export!` needs a type that implements `keel_guest::Tool`",
@@ -283,7 +491,9 @@ pub trait Tool {
     /// Whether the tool needs a person at the keyboard. Default: false.
     const REQUIRES_USER_INTERACTION: bool = false;
 
-    /// JSON Schema of structured output, if the tool has one. Default: none.
+    /// JSON Schema of structured output, if the tool has one: usually
+    /// `Some(keel_guest::schema_for::<MyOutput>())`. The host checks every
+    /// [`Output::structured`] value against it. Default: none.
     fn output_schema() -> Option<Value> {
         None
     }
@@ -294,60 +504,62 @@ pub trait Tool {
     }
 
     /// Whether this call may run beside other safe calls. Default: false.
-    fn is_concurrency_safe(_input: &Self::Input) -> bool {
+    fn is_concurrency_safe(_input: &Self::Input, _cx: &Context) -> bool {
         false
     }
 
     /// Whether this call writes nothing. Default: false. When true the call is
     /// given read-only access: the claim is enforced, not trusted.
-    fn is_read_only(_input: &Self::Input) -> bool {
+    fn is_read_only(_input: &Self::Input, _cx: &Context) -> bool {
         false
     }
 
     /// Whether this call does something irreversible. Default: false.
-    fn is_destructive(_input: &Self::Input) -> bool {
+    fn is_destructive(_input: &Self::Input, _cx: &Context) -> bool {
         false
     }
 
     /// Checks beyond the schema; the error is shown to the model. Default: ok.
-    fn validate_input(_input: &Self::Input) -> Result<()> {
+    fn validate_input(_input: &Self::Input, _cx: &Context) -> Result<()> {
         Ok(())
     }
 
     /// The tool's permission decision, asked only after validation passed.
     /// Default: allow, input unchanged.
-    fn check_permissions(_input: &Self::Input) -> Permission {
+    fn check_permissions(_input: &Self::Input, _cx: &Context) -> Permission {
         Permission::Allow
     }
 
-    /// The string a rule such as `Shell(git *)` matches. Default: none.
-    fn permission_subject(_input: &Self::Input) -> Option<String> {
+    /// The string a rule such as `Shell(git *)` matches. Default: none. A
+    /// path is named with [`Context::workspace_relative`], so a rule written
+    /// against the workspace holds after a `cd`.
+    fn permission_subject(_input: &Self::Input, _cx: &Context) -> Option<String> {
         None
     }
 
     /// A compact form of the input for a safety classifier. Default: empty,
     /// which skips the classifier: safety-relevant tools must override it.
-    fn classifier_input(_input: &Self::Input) -> String {
+    fn classifier_input(_input: &Self::Input, _cx: &Context) -> String {
         String::new()
     }
 
     /// The name shown to people for this call. Default: the tool's name.
-    fn user_facing_name(_input: &Self::Input) -> String {
+    fn user_facing_name(_input: &Self::Input, _cx: &Context) -> String {
         if Self::USER_FACING_NAME.is_empty() { Self::NAME } else { Self::USER_FACING_NAME }.to_string()
     }
 
     /// A short phrase shown beside live progress. Default: none.
-    fn activity_description(_input: &Self::Input) -> Option<String> {
+    fn activity_description(_input: &Self::Input, _cx: &Context) -> Option<String> {
         None
     }
 
     /// Whether the call reaches beyond the workspace. Default: false.
-    fn is_open_world(_input: &Self::Input) -> bool {
+    fn is_open_world(_input: &Self::Input, _cx: &Context) -> bool {
         false
     }
 
     /// Whether the call is a search or a read a UI may fold. Default: false.
-    fn is_search_or_read(_input: &Self::Input) -> bool {
+    fn is_search_or_read(_input: &Self::Input, _cx: &Context) -> bool {
         false
     }
 
@@ -356,7 +568,7 @@ pub trait Tool {
         a == b
     }
 
-    /// Run the tool.
+    /// Run the tool, in the context its questions saw.
     fn call(input: Self::Input, cx: &Context) -> Result<Output>;
 }
 
@@ -405,9 +617,14 @@ pub mod log {
 /// Export a type implementing [`Tool`] as the component's tool.
 ///
 /// Write it once per crate, at the top level: `keel_guest::export!(MyTool);`
+/// It also brings [`OutputText`] into scope there, so `output.text()` works in
+/// the crate root and in a `mod tests` that imports `super::*`.
 #[macro_export]
 macro_rules! export {
     ($tool:ty $(,)?) => {
+        // `output.text()` in the tool's module and its tests, without an import.
+        #[allow(unused_imports)]
+        use $crate::OutputText as _;
         const _: () = {
             struct __KeelExport;
             impl $crate::__private::Exports for __KeelExport {
@@ -469,6 +686,89 @@ mod tests {
         assert_eq!(cx.resolve("../../../../etc"), PathBuf::from("/etc"));
         assert_eq!(cx.resolve("/workspace/x"), PathBuf::from("/workspace/x"));
         assert_eq!(Context::new(json!({})).cwd(), WORKSPACE_MOUNT);
+    }
+
+    #[test]
+    fn workspace_relative_names_a_path_from_the_workspace_root() {
+        let secrets = Context::new(json!({ "cwd": "/workspace/secrets" }));
+        assert_eq!(secrets.workspace_relative("k.txt"), "secrets/k.txt");
+        assert_eq!(secrets.workspace_relative("./deep/../k.txt"), "secrets/k.txt");
+        assert_eq!(secrets.workspace_relative("../src/a.rs"), "src/a.rs");
+        assert_eq!(secrets.workspace_relative(".."), ".");
+        assert_eq!(secrets.workspace_relative("/workspace/secrets/k.txt"), "secrets/k.txt");
+
+        let root = Context::workspace_root();
+        assert_eq!(root.workspace_relative("./a/../secrets/k.txt"), "secrets/k.txt");
+        assert_eq!(root.workspace_relative("."), ".");
+        assert_eq!(root.workspace_relative(""), ".");
+        assert_eq!(root.workspace_relative("/workspace"), ".");
+        assert_eq!(root.workspace_relative("dir/"), "dir");
+    }
+
+    #[test]
+    fn workspace_relative_keeps_a_path_outside_the_workspace_absolute() {
+        let secrets = Context::new(json!({ "cwd": "/workspace/secrets" }));
+        assert_eq!(secrets.workspace_relative("/etc/passwd"), "/etc/passwd");
+        assert_eq!(secrets.workspace_relative("../../etc/./passwd"), "/etc/passwd");
+        assert_eq!(secrets.workspace_relative("../../../.."), "/");
+        // A sibling whose name starts with the mount's is outside it.
+        assert_eq!(secrets.workspace_relative("/workspace2/k.txt"), "/workspace2/k.txt");
+    }
+
+    #[test]
+    fn output_builders_append_blocks_in_order() {
+        let output = Output::text("one").with_image(Image::gif(vec![1])).with_text("two");
+        assert_eq!(
+            output.content,
+            [
+                Block::Text("one".into()),
+                Block::Image(Image::new("image/gif", [1])),
+                Block::Text("two".into())
+            ]
+        );
+        assert_eq!(output.text(), "one\ntwo");
+        assert_eq!(Output::image(Image::png([1, 2])).text(), "");
+        assert_eq!(Output::from("hi"), Output::text("hi"));
+        assert_eq!(Output::from(String::from("hi")).content, [Block::Text("hi".into())]);
+    }
+
+    #[test]
+    fn image_constructors_label_the_bytes() {
+        assert_eq!(Image::png([0]).media_type, "image/png");
+        assert_eq!(Image::jpeg([0]).media_type, "image/jpeg");
+        assert_eq!(Image::gif([0]).media_type, "image/gif");
+        assert_eq!(Image::webp([0]).media_type, "image/webp");
+        assert_eq!(Image::new("image/png", vec![7, 8]).data, [7, 8]);
+    }
+
+    #[test]
+    fn structured_output_has_a_value_and_no_text_block() {
+        #[derive(Serialize)]
+        struct Counts {
+            lines: u64,
+        }
+        let output = Output::structured(&Counts { lines: 3 }).unwrap();
+        assert_eq!(output.structured, Some(json!({ "lines": 3 })));
+        assert!(output.content.is_empty());
+        assert_eq!(output.context_modifier, None);
+
+        let mut bad = std::collections::HashMap::new();
+        bad.insert(vec![1u8], 1);
+        assert!(Output::structured(&bad).is_err(), "a map with non-string keys is not JSON");
+    }
+
+    #[test]
+    fn schema_for_derives_as_the_input_schema_is() {
+        #[derive(JsonSchema)]
+        #[expect(dead_code, reason = "only its schema is used")]
+        struct Counts {
+            /// Lines.
+            lines: u64,
+        }
+        let schema = schema_for::<Counts>();
+        assert_eq!(schema["type"], "object");
+        assert_eq!(schema["properties"]["lines"]["description"], "Lines.");
+        assert_eq!(schema.to_string(), __private::input_schema::<Counts>());
     }
 }
 

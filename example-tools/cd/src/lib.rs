@@ -2,7 +2,8 @@
 //!
 //! It changes nothing on disk: its only effect is a context modifier setting
 //! `cwd`, which the host applies before the next call. Not concurrency-safe:
-//! a call beside it must not depend on whether the change happened yet.
+//! a call beside it must not depend on whether the change happened yet. Its
+//! permission subject is the target directory, named from the workspace root.
 
 use keel_guest::{Context, Output, Result, Tool, WORKSPACE_MOUNT, bail, json};
 use schemars::JsonSchema;
@@ -26,12 +27,16 @@ impl Tool for Cd {
         paths against. The directory must exist inside the workspace.";
     const SEARCH_HINT: Option<&str> = Some("change the working directory");
 
-    fn is_read_only(_input: &Input) -> bool {
+    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
         true
     }
 
-    fn is_destructive(_input: &Input) -> bool {
+    fn is_destructive(_input: &Input, _cx: &Context) -> bool {
         false
+    }
+
+    fn permission_subject(input: &Input, cx: &Context) -> Option<String> {
+        Some(cx.workspace_relative(&input.path))
     }
 
     fn call(input: Input, cx: &Context) -> Result<Output> {
@@ -73,6 +78,15 @@ mod tests {
 
     #[test]
     fn is_not_concurrency_safe() {
-        assert!(!Cd::is_concurrency_safe(&Input { path: ".".into() }));
+        assert!(!Cd::is_concurrency_safe(&Input { path: ".".into() }, &Context::workspace_root()));
+    }
+
+    #[test]
+    fn names_the_target_from_the_workspace_root_after_a_cd() {
+        let secrets = Context::new(json!({ "cwd": "/workspace/secrets" }));
+        let subject = |path: &str| Cd::permission_subject(&Input { path: path.into() }, &secrets);
+        assert_eq!(subject("deep").as_deref(), Some("secrets/deep"));
+        assert_eq!(subject("..").as_deref(), Some("."));
+        assert_eq!(subject("../../etc").as_deref(), Some("/etc"));
     }
 }

@@ -21,15 +21,15 @@ impl Tool for Echo {
     const NAME: &str = "echo";
     const DESCRIPTION: &str = "Returns `text` unchanged.";
 
-    fn is_concurrency_safe(_input: &Input) -> bool {
+    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
         true
     }
 
-    fn is_read_only(_input: &Input) -> bool {
+    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
         true
     }
 
-    fn is_destructive(_input: &Input) -> bool {
+    fn is_destructive(_input: &Input, _cx: &Context) -> bool {
         false
     }
 
@@ -47,6 +47,6 @@ mod tests {
     #[test]
     fn hands_the_text_back() {
         let out = Echo::call(Input { text: "héllo\n".into() }, &Context::workspace_root()).unwrap();
-        assert_eq!(out.content, "héllo\n");
+        assert_eq!(out.text(), "héllo\n");
     }
 }

@@ -1,6 +1,8 @@
 //! `grep`: search file contents with a regular expression.
 //!
-//! Read-only and concurrency-safe. Prints one `path:line:text` line per match;
+//! Read-only and concurrency-safe; its permission subject is the file or
+//! directory searched, named from the workspace root. Prints one
+//! `path:line:text` line per match;
 //! on a large tree its output can run to megabytes, which the host's result
 //! budget turns into a persisted file and a preview.
 
@@ -40,19 +42,19 @@ impl Tool for Grep {
     const SEARCH_HINT: Option<&str> = Some("search file contents with a regex");
     const INTERRUPT: keel_guest::Interrupt = keel_guest::Interrupt::Cancel;
 
-    fn is_concurrency_safe(_input: &Input) -> bool {
+    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
         true
     }
 
-    fn is_read_only(_input: &Input) -> bool {
+    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
         true
     }
 
-    fn is_search_or_read(_input: &Input) -> bool {
+    fn is_search_or_read(_input: &Input, _cx: &Context) -> bool {
         true
     }
 
-    fn validate_input(input: &Input) -> Result<()> {
+    fn validate_input(input: &Input, _cx: &Context) -> Result<()> {
         if let Err(error) = Regex::new(&input.pattern) {
             bail!("`pattern` is not a valid regex: {error}");
         }
@@ -62,11 +64,11 @@ impl Tool for Grep {
         Ok(())
     }
 
-    fn permission_subject(input: &Input) -> Option<String> {
-        Some(input.path.clone().unwrap_or_else(|| ".".into()))
+    fn permission_subject(input: &Input, cx: &Context) -> Option<String> {
+        Some(cx.workspace_relative(input.path.as_deref().unwrap_or(".")))
     }
 
-    fn activity_description(input: &Input) -> Option<String> {
+    fn activity_description(input: &Input, _cx: &Context) -> Option<String> {
         Some(format!("Searching for {}", input.pattern))
     }
 
@@ -163,7 +165,7 @@ mod tests {
     fn grep(dir: &Path, pattern: &str, path: Option<&str>, glob: Option<&str>) -> String {
         let input = Input { pattern: pattern.into(), path: path.map(Into::into), glob: glob.map(Into::into) };
         let cx = Context::new(json!({ "cwd": dir }));
-        Grep::call(input, &cx).unwrap().content
+        Grep::call(input, &cx).unwrap().text()
     }
 
     #[test]
@@ -209,18 +211,40 @@ mod tests {
 
     #[test]
     fn rejects_a_bad_regex_and_a_bad_glob() {
+        let cx = Context::workspace_root();
         let bad = Input { pattern: "(".into(), path: None, glob: None };
         assert!(
-            Grep::validate_input(&bad).unwrap_err().message().starts_with("`pattern` is not a valid regex")
+            Grep::validate_input(&bad, &cx)
+                .unwrap_err()
+                .message()
+                .starts_with("`pattern` is not a valid regex")
         );
         let bad = Input { pattern: "x".into(), path: None, glob: Some("[".into()) };
-        assert!(Grep::validate_input(&bad).unwrap_err().message().starts_with("`glob` is not a valid glob"));
+        assert!(
+            Grep::validate_input(&bad, &cx).unwrap_err().message().starts_with("`glob` is not a valid glob")
+        );
     }
 
     #[test]
     fn is_read_only_and_concurrency_safe() {
         let input = Input { pattern: "x".into(), path: None, glob: None };
-        assert!(Grep::is_read_only(&input));
-        assert!(Grep::is_concurrency_safe(&input));
+        assert!(Grep::is_read_only(&input, &Context::workspace_root()));
+        assert!(Grep::is_concurrency_safe(&input, &Context::workspace_root()));
+    }
+
+    #[test]
+    fn names_the_searched_path_from_the_workspace_root_after_a_cd() {
+        let secrets = Context::new(json!({ "cwd": "/workspace/secrets" }));
+        let subject = |path: Option<&str>| {
+            let input = Input { pattern: "x".into(), path: path.map(Into::into), glob: None };
+            Grep::permission_subject(&input, &secrets)
+        };
+        assert_eq!(subject(Some("k.txt")).as_deref(), Some("secrets/k.txt"));
+        assert_eq!(subject(None).as_deref(), Some("secrets"));
+        assert_eq!(subject(Some("..")).as_deref(), Some("."));
+        assert_eq!(subject(Some("/etc/passwd")).as_deref(), Some("/etc/passwd"));
+        let root = Context::workspace_root();
+        let input = Input { pattern: "x".into(), path: Some("./a/../secrets/k.txt".into()), glob: None };
+        assert_eq!(Grep::permission_subject(&input, &root).as_deref(), Some("secrets/k.txt"));
     }
 }

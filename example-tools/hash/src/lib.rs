@@ -1,4 +1,7 @@
 //! `hash`: sha256 of a text or a file, optionally iterated — real CPU work.
+//!
+//! Read-only and concurrency-safe. Hashing a file names the file, from the
+//! workspace root, as its permission subject; hashing a text names none.
 
 use keel_guest::{Context, Output, Result, Tool, bail};
 use schemars::JsonSchema;
@@ -35,15 +38,19 @@ impl Tool for Hash {
         hashes the digest again that many times.";
     const SEARCH_HINT: Option<&str> = Some("sha256 digest of text or a file");
 
-    fn is_concurrency_safe(_input: &Input) -> bool {
+    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
         true
     }
 
-    fn is_read_only(_input: &Input) -> bool {
+    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
         true
     }
 
-    fn validate_input(input: &Input) -> Result<()> {
+    fn permission_subject(input: &Input, cx: &Context) -> Option<String> {
+        input.file_path.as_ref().map(|path| cx.workspace_relative(path))
+    }
+
+    fn validate_input(input: &Input, _cx: &Context) -> Result<()> {
         match (&input.text, &input.file_path) {
             (Some(_), Some(_)) => bail!("give either `text` or `file_path`, not both"),
             (None, None) => bail!("give `text` or `file_path`"),
@@ -95,12 +102,12 @@ mod tests {
     #[test]
     fn hashes_text_like_sha256sum() {
         let out = Hash::call(text("abc", None), &Context::workspace_root()).unwrap();
-        assert_eq!(out.content, "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+        assert_eq!(out.text(), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
     }
 
     #[test]
     fn rounds_hash_the_digest_again() {
-        let twice = Hash::call(text("abc", Some(2)), &Context::workspace_root()).unwrap().content;
+        let twice = Hash::call(text("abc", Some(2)), &Context::workspace_root()).unwrap().text();
         assert_eq!(twice, hex(&Sha256::digest(digest(b"abc", 1))));
     }
 
@@ -110,21 +117,31 @@ mod tests {
         std::fs::write(dir.path().join("f"), "abc").unwrap();
         let cx = Context::new(json!({ "cwd": dir.path() }));
         let input = Input { text: None, file_path: Some("f".into()), rounds: None };
-        assert_eq!(Hash::call(input, &cx).unwrap().content, hex(&digest(b"abc", 1)));
+        assert_eq!(Hash::call(input, &cx).unwrap().text(), hex(&digest(b"abc", 1)));
     }
 
     #[test]
     fn wants_exactly_one_source_and_sane_rounds() {
+        let cx = Context::workspace_root();
         let both = Input { text: Some("a".into()), file_path: Some("b".into()), rounds: None };
         assert_eq!(
-            Hash::validate_input(&both).unwrap_err().message(),
+            Hash::validate_input(&both, &cx).unwrap_err().message(),
             "give either `text` or `file_path`, not both"
         );
         let none = Input { text: None, file_path: None, rounds: None };
-        assert_eq!(Hash::validate_input(&none).unwrap_err().message(), "give `text` or `file_path`");
+        assert_eq!(Hash::validate_input(&none, &cx).unwrap_err().message(), "give `text` or `file_path`");
         assert_eq!(
-            Hash::validate_input(&text("a", Some(0))).unwrap_err().message(),
+            Hash::validate_input(&text("a", Some(0)), &cx).unwrap_err().message(),
             "`rounds` must be at least 1"
         );
+    }
+
+    #[test]
+    fn names_the_file_from_the_workspace_root_after_a_cd() {
+        let secrets = Context::new(json!({ "cwd": "/workspace/secrets" }));
+        let file = |path: &str| Input { text: None, file_path: Some(path.into()), rounds: None };
+        assert_eq!(Hash::permission_subject(&file("k.txt"), &secrets).as_deref(), Some("secrets/k.txt"));
+        assert_eq!(Hash::permission_subject(&file("../a/./b"), &secrets).as_deref(), Some("a/b"));
+        assert_eq!(Hash::permission_subject(&text("k.txt", None), &secrets), None);
     }
 }

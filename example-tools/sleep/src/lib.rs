@@ -31,19 +31,19 @@ impl Tool for Sleep {
         progress after each step.";
     const INTERRUPT: Interrupt = Interrupt::Cancel;
 
-    fn is_concurrency_safe(_input: &Input) -> bool {
+    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
         true
     }
 
-    fn is_read_only(_input: &Input) -> bool {
+    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
         true
     }
 
-    fn is_destructive(_input: &Input) -> bool {
+    fn is_destructive(_input: &Input, _cx: &Context) -> bool {
         false
     }
 
-    fn validate_input(input: &Input) -> Result<()> {
+    fn validate_input(input: &Input, _cx: &Context) -> Result<()> {
         if input.ms > MAX_MS {
             bail!("`ms` must be at most {MAX_MS}");
         }
@@ -53,7 +53,7 @@ impl Tool for Sleep {
         Ok(())
     }
 
-    fn activity_description(input: &Input) -> Option<String> {
+    fn activity_description(input: &Input, _cx: &Context) -> Option<String> {
         Some(format!("Sleeping {} ms", input.ms))
     }
 
@@ -89,14 +89,16 @@ mod tests {
     #[test]
     fn sleeps_and_says_so() {
         let out = Sleep::call(Input { ms: 5, steps: Some(2) }, &Context::workspace_root()).unwrap();
-        assert_eq!(out.content, "Slept 5 ms");
+        assert_eq!(out.text(), "Slept 5 ms");
     }
 
     #[test]
     fn refuses_zero_steps_and_overlong_sleeps() {
-        let error = Sleep::validate_input(&Input { ms: 1, steps: Some(0) }).unwrap_err();
+        let error =
+            Sleep::validate_input(&Input { ms: 1, steps: Some(0) }, &Context::workspace_root()).unwrap_err();
         assert_eq!(error.message(), "`steps` must be at least 1");
-        let error = Sleep::validate_input(&Input { ms: MAX_MS + 1, steps: None }).unwrap_err();
+        let error = Sleep::validate_input(&Input { ms: MAX_MS + 1, steps: None }, &Context::workspace_root())
+            .unwrap_err();
         assert_eq!(error.message(), "`ms` must be at most 600000");
     }
 }

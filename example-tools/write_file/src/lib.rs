@@ -1,7 +1,9 @@
 //! `write_file`: write one file in the workspace.
 //!
 //! Not concurrency-safe (a later call must see the file), not read-only, and
-//! destructive only when it would overwrite a file that exists.
+//! destructive only when it would overwrite a file that exists. Its permission
+//! subject is the file, named from the workspace root, so `Write(secrets/**)`
+//! holds after a `cd`.
 
 use std::path::Path;
 
@@ -29,14 +31,15 @@ impl Tool for WriteFile {
         whole content. Parent directories are created as needed.";
     const SEARCH_HINT: Option<&str> = Some("create or overwrite a file");
 
-    fn is_destructive(input: &Input) -> bool {
+    fn is_destructive(input: &Input, cx: &Context) -> bool {
         // Overwriting loses the old content; creating a file loses nothing.
         // The fallback, when the file's state cannot be known, is destructive.
-        let path = Context::workspace_root().resolve(&input.file_path);
+        // The path resolves as the call will resolve it: against the cwd.
+        let path = cx.resolve(&input.file_path);
         !matches!(path.try_exists(), Ok(false))
     }
 
-    fn validate_input(input: &Input) -> Result<()> {
+    fn validate_input(input: &Input, _cx: &Context) -> Result<()> {
         if input.file_path.trim().is_empty() {
             bail!("`file_path` must not be empty");
         }
@@ -46,11 +49,11 @@ impl Tool for WriteFile {
         Ok(())
     }
 
-    fn permission_subject(input: &Input) -> Option<String> {
-        Some(input.file_path.clone())
+    fn permission_subject(input: &Input, cx: &Context) -> Option<String> {
+        Some(cx.workspace_relative(&input.file_path))
     }
 
-    fn activity_description(input: &Input) -> Option<String> {
+    fn activity_description(input: &Input, _cx: &Context) -> Option<String> {
         Some(format!("Writing {}", input.file_path))
     }
 
@@ -98,7 +101,7 @@ mod tests {
         let output = WriteFile::call(input("a/b/notes.txt"), &cx).unwrap();
         let written = dir.path().join("a/b/notes.txt");
         assert_eq!(std::fs::read_to_string(&written).unwrap(), "hello\n");
-        assert!(output.content.starts_with("Wrote 6 bytes to "), "{}", output.content);
+        assert!(output.text().starts_with("Wrote 6 bytes to "), "{}", output.text());
     }
 
     #[test]
@@ -113,23 +116,55 @@ mod tests {
     #[test]
     fn rejects_an_empty_or_directory_path() {
         assert_eq!(
-            WriteFile::validate_input(&input("  ")).unwrap_err().message(),
+            WriteFile::validate_input(&input("  "), &Context::workspace_root()).unwrap_err().message(),
             "`file_path` must not be empty"
         );
         assert_eq!(
-            WriteFile::validate_input(&input("dir/")).unwrap_err().message(),
+            WriteFile::validate_input(&input("dir/"), &Context::workspace_root()).unwrap_err().message(),
             "`file_path` names a directory: dir/"
         );
     }
 
     #[test]
     fn is_neither_read_only_nor_concurrency_safe() {
-        assert!(!WriteFile::is_read_only(&input("x")));
-        assert!(!WriteFile::is_concurrency_safe(&input("x")));
+        let cx = Context::workspace_root();
+        assert!(!WriteFile::is_read_only(&input("x"), &cx));
+        assert!(!WriteFile::is_concurrency_safe(&input("x"), &cx));
     }
 
     #[test]
     fn a_missing_target_is_not_destructive() {
-        assert!(!WriteFile::is_destructive(&input("surely/not/here/notes.txt")));
+        assert!(!WriteFile::is_destructive(&input("surely/not/here/notes.txt"), &Context::workspace_root()));
+    }
+
+    #[test]
+    fn overwriting_is_destructive_against_the_working_directory() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("secrets")).unwrap();
+        std::fs::write(dir.path().join("secrets/k.txt"), "old").unwrap();
+        let secrets = Context::new(json!({ "cwd": dir.path().join("secrets") }));
+        assert!(WriteFile::is_destructive(&input("k.txt"), &secrets), "k.txt exists in the cwd");
+        assert!(!WriteFile::is_destructive(&input("new.txt"), &secrets));
+        let root = Context::new(json!({ "cwd": dir.path() }));
+        assert!(!WriteFile::is_destructive(&input("k.txt"), &root), "no k.txt at the root");
+    }
+
+    #[test]
+    fn names_the_file_from_the_workspace_root_after_a_cd() {
+        let secrets = Context::new(json!({ "cwd": "/workspace/secrets" }));
+        assert_eq!(
+            WriteFile::permission_subject(&input("k.txt"), &secrets).as_deref(),
+            Some("secrets/k.txt")
+        );
+        assert_eq!(WriteFile::permission_subject(&input("../k.txt"), &secrets).as_deref(), Some("k.txt"));
+        let root = Context::workspace_root();
+        assert_eq!(
+            WriteFile::permission_subject(&input("./a/../secrets/k.txt"), &root).as_deref(),
+            Some("secrets/k.txt")
+        );
+        assert_eq!(
+            WriteFile::permission_subject(&input("/etc/passwd"), &root).as_deref(),
+            Some("/etc/passwd")
+        );
     }
 }

@@ -21,7 +21,7 @@ use std::time::Duration;
 use keel_guest::__private::bindings::exports::keel::tool::guest::{Guest, ToolMetadata};
 use keel_guest::__private::bindings::keel::tool::host;
 use keel_guest::__private::bindings::keel::tool::types::{
-    CallOutput, CallPlan, InterruptBehavior, PermissionDecision,
+    CallOutput, CallPlan, ContentBlock, InterruptBehavior, PermissionDecision,
 };
 use serde::Deserialize;
 
@@ -86,6 +86,11 @@ fn recurse(depth: u64) -> u64 {
     black_box(recurse(depth + 1)) + 1
 }
 
+/// A result of one text block.
+fn text_output(text: String, context_modifier: Option<String>) -> CallOutput {
+    CallOutput { content: vec![ContentBlock::Text(text)], structured: None, context_modifier }
+}
+
 fn io_error(action: &str, path: &str, error: &std::io::Error) -> String {
     format!("failed to {action} {path}: {}", error.kind())
 }
@@ -114,13 +119,13 @@ impl Guest for Hostile {
         true
     }
 
-    fn plan(text: String) -> CallPlan {
+    fn plan(text: String, _context: String) -> CallPlan {
         let input = input(&text);
         spin_if_named(&input, "plan");
         CallPlan { concurrency_safe: input.concurrency_safe, read_only: input.read_only }
     }
 
-    fn is_destructive(text: String) -> bool {
+    fn is_destructive(text: String, _context: String) -> bool {
         spin_if_named(&input(&text), "is_destructive");
         false
     }
@@ -131,34 +136,34 @@ impl Guest for Hostile {
         Some(50_000 + std::env::vars().count() as u64)
     }
 
-    fn check(text: String) -> Result<PermissionDecision, String> {
+    fn check(text: String, _context: String) -> Result<PermissionDecision, String> {
         let input =
             serde_json::from_str::<Input>(&text).map_err(|error| format!("invalid input: {error}"))?;
         spin_if_named(&input, "check");
         Ok(write_if_named(&input, "check").map_or(PermissionDecision::Allow(None), PermissionDecision::Deny))
     }
 
-    fn permission_subject(_text: String) -> Option<String> {
+    fn permission_subject(_text: String, _context: String) -> Option<String> {
         None
     }
 
-    fn classifier_input(_text: String) -> String {
+    fn classifier_input(_text: String, _context: String) -> String {
         String::new()
     }
 
-    fn user_facing_name(_text: String) -> String {
+    fn user_facing_name(_text: String, _context: String) -> String {
         "hostile".into()
     }
 
-    fn activity_description(_text: String) -> Option<String> {
+    fn activity_description(_text: String, _context: String) -> Option<String> {
         None
     }
 
-    fn is_open_world(_text: String) -> bool {
+    fn is_open_world(_text: String, _context: String) -> bool {
         false
     }
 
-    fn is_search_or_read(_text: String) -> bool {
+    fn is_search_or_read(_text: String, _context: String) -> bool {
         false
     }
 
@@ -174,7 +179,7 @@ impl Guest for Hostile {
     /// saying what happened, so a test can tell it from the host's error.
     fn call(text: String, _context: String) -> Result<CallOutput, String> {
         let input = input(&text);
-        let ok = |content: String| Ok(CallOutput { content, context_modifier: None });
+        let ok = |content: String| Ok(text_output(content, None));
         let path = input.path.as_str();
         match input.act.as_str() {
             "ok" => ok("ok".into()),
@@ -196,9 +201,7 @@ impl Guest for Hostile {
                 host::progress("{not json");
                 ok("progress sent".into())
             }
-            "bad_modifier" => {
-                Ok(CallOutput { content: "ok".into(), context_modifier: Some("{not json".into()) })
-            }
+            "bad_modifier" => Ok(text_output("ok".into(), Some("{not json".into()))),
             "flood" => {
                 let chunk = "y".repeat(1 << 16);
                 for _ in 0..160 {

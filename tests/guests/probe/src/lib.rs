@@ -73,11 +73,11 @@ impl Tool for Probe {
     const SEARCH_HINT: Option<&str> = Some("count validation and permission checks");
     const SHOULD_DEFER: bool = true;
 
-    fn is_read_only(_input: &Input) -> bool {
+    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
         true
     }
 
-    fn validate_input(input: &Input) -> Result<()> {
+    fn validate_input(input: &Input, _cx: &Context) -> Result<()> {
         record("validate-input");
         if let Some(message) = &input.invalid {
             bail!("{message}");
@@ -85,7 +85,7 @@ impl Tool for Probe {
         Ok(())
     }
 
-    fn check_permissions(input: &Input) -> Permission {
+    fn check_permissions(input: &Input, _cx: &Context) -> Permission {
         record("check-permissions");
         match (input.permission, &input.replace_with) {
             (Answer::Allow, None) => Permission::Allow,
@@ -95,7 +95,7 @@ impl Tool for Probe {
         }
     }
 
-    fn permission_subject(input: &Input) -> Option<String> {
+    fn permission_subject(input: &Input, _cx: &Context) -> Option<String> {
         record("permission-subject");
         input.subject.clone()
     }
@@ -114,6 +114,10 @@ keel_guest::export!(Probe);
 mod tests {
     use super::*;
 
+    fn cx() -> Context {
+        Context::workspace_root()
+    }
+
     fn input(text: &str) -> Input {
         serde_json::from_str(text).unwrap()
     }
@@ -121,29 +125,29 @@ mod tests {
     #[test]
     fn records_the_checks_in_the_order_they_are_called() {
         let probe = input(r#"{"count": 3, "subject": "a"}"#);
-        assert_eq!(Probe::validate_input(&probe), Ok(()));
-        assert_eq!(Probe::check_permissions(&probe), Permission::Allow);
-        assert_eq!(Probe::permission_subject(&probe).as_deref(), Some("a"));
+        assert_eq!(Probe::validate_input(&probe, &cx()), Ok(()));
+        assert_eq!(Probe::check_permissions(&probe, &cx()), Permission::Allow);
+        assert_eq!(Probe::permission_subject(&probe, &cx()).as_deref(), Some("a"));
         let out = Probe::call(probe, &Context::workspace_root()).unwrap();
-        assert_eq!(out.content, "count 3; checks: validate-input, check-permissions, permission-subject");
+        assert_eq!(out.text(), "count 3; checks: validate-input, check-permissions, permission-subject");
     }
 
     #[test]
     fn answers_as_the_input_says() {
         assert_eq!(
-            Probe::validate_input(&input(r#"{"invalid": "no good"}"#)).unwrap_err().message(),
+            Probe::validate_input(&input(r#"{"invalid": "no good"}"#), &cx()).unwrap_err().message(),
             "no good"
         );
         assert_eq!(
-            Probe::check_permissions(&input(r#"{"permission": "deny"}"#)),
+            Probe::check_permissions(&input(r#"{"permission": "deny"}"#), &cx()),
             Permission::Deny("the probe says no".into())
         );
         assert_eq!(
-            Probe::check_permissions(&input(r#"{"permission": "ask"}"#)),
+            Probe::check_permissions(&input(r#"{"permission": "ask"}"#), &cx()),
             Permission::Ask("the probe wants a yes".into())
         );
         assert_eq!(
-            Probe::check_permissions(&input(r#"{"replace_with": {"count": 9}}"#)),
+            Probe::check_permissions(&input(r#"{"replace_with": {"count": 9}}"#), &cx()),
             Permission::AllowWithInput(json!({ "count": 9 }))
         );
     }

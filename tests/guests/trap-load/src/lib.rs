@@ -15,7 +15,7 @@ use std::hint::black_box;
 
 use keel_guest::__private::bindings::exports::keel::tool::guest::{Guest, ToolMetadata};
 use keel_guest::__private::bindings::keel::tool::types::{
-    CallOutput, CallPlan, InterruptBehavior, PermissionDecision,
+    CallOutput, CallPlan, ContentBlock, InterruptBehavior, PermissionDecision,
 };
 
 struct TrapLoad;
@@ -53,39 +53,39 @@ impl Guest for TrapLoad {
         }
     }
 
-    fn plan(_input: String) -> CallPlan {
+    fn plan(_input: String, _context: String) -> CallPlan {
         CallPlan { concurrency_safe: true, read_only: true }
     }
 
-    fn is_destructive(_input: String) -> bool {
+    fn is_destructive(_input: String, _context: String) -> bool {
         false
     }
 
-    fn check(_input: String) -> Result<PermissionDecision, String> {
+    fn check(_input: String, _context: String) -> Result<PermissionDecision, String> {
         Ok(PermissionDecision::Allow(None))
     }
 
-    fn permission_subject(_input: String) -> Option<String> {
+    fn permission_subject(_input: String, _context: String) -> Option<String> {
         None
     }
 
-    fn classifier_input(_input: String) -> String {
+    fn classifier_input(_input: String, _context: String) -> String {
         String::new()
     }
 
-    fn user_facing_name(_input: String) -> String {
+    fn user_facing_name(_input: String, _context: String) -> String {
         "trap_load".into()
     }
 
-    fn activity_description(_input: String) -> Option<String> {
+    fn activity_description(_input: String, _context: String) -> Option<String> {
         None
     }
 
-    fn is_open_world(_input: String) -> bool {
+    fn is_open_world(_input: String, _context: String) -> bool {
         false
     }
 
-    fn is_search_or_read(_input: String) -> bool {
+    fn is_search_or_read(_input: String, _context: String) -> bool {
         false
     }
 
@@ -94,7 +94,11 @@ impl Guest for TrapLoad {
     }
 
     fn call(_input: String, _context: String) -> Result<CallOutput, String> {
-        Ok(CallOutput { content: "trap_load ran".into(), context_modifier: None })
+        Ok(CallOutput {
+            content: vec![ContentBlock::Text("trap_load ran".into())],
+            structured: None,
+            context_modifier: None,
+        })
     }
 }
 

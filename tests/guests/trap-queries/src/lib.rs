@@ -52,22 +52,22 @@ impl Tool for TrapQueries {
     const DESCRIPTION: &str = "Test guest: traps in each export named in `trap_in`, \
         and otherwise answers `ok: <message>`.";
 
-    fn is_concurrency_safe(input: &Input) -> bool {
+    fn is_concurrency_safe(input: &Input, _cx: &Context) -> bool {
         trap_if_named(input, "is_concurrency_safe");
         true
     }
 
-    fn is_read_only(input: &Input) -> bool {
+    fn is_read_only(input: &Input, _cx: &Context) -> bool {
         trap_if_named(input, "is_read_only");
         true
     }
 
-    fn is_destructive(input: &Input) -> bool {
+    fn is_destructive(input: &Input, _cx: &Context) -> bool {
         trap_if_named(input, "is_destructive");
         false
     }
 
-    fn validate_input(input: &Input) -> Result<()> {
+    fn validate_input(input: &Input, _cx: &Context) -> Result<()> {
         trap_if_named(input, "validate_input");
         // A misspelt name would otherwise make a test pass without the trap
         // it meant to cause.
@@ -77,12 +77,12 @@ impl Tool for TrapQueries {
         Ok(())
     }
 
-    fn check_permissions(input: &Input) -> Permission {
+    fn check_permissions(input: &Input, _cx: &Context) -> Permission {
         trap_if_named(input, "check_permissions");
         Permission::Allow
     }
 
-    fn permission_subject(input: &Input) -> Option<String> {
+    fn permission_subject(input: &Input, _cx: &Context) -> Option<String> {
         trap_if_named(input, "permission_subject");
         Some(input.message.clone())
     }
@@ -106,14 +106,15 @@ mod tests {
     #[test]
     fn answers_every_query_when_nothing_traps() {
         let input = input(&[]);
-        assert!(TrapQueries::is_concurrency_safe(&input));
-        assert!(TrapQueries::is_read_only(&input));
-        assert!(!TrapQueries::is_destructive(&input));
-        assert_eq!(TrapQueries::validate_input(&input), Ok(()));
-        assert_eq!(TrapQueries::check_permissions(&input), Permission::Allow);
-        assert_eq!(TrapQueries::permission_subject(&input).as_deref(), Some("hi"));
-        let output = TrapQueries::call(input, &Context::workspace_root()).unwrap();
-        assert_eq!(output.content, "ok: hi");
+        let cx = Context::workspace_root();
+        assert!(TrapQueries::is_concurrency_safe(&input, &cx));
+        assert!(TrapQueries::is_read_only(&input, &cx));
+        assert!(!TrapQueries::is_destructive(&input, &cx));
+        assert_eq!(TrapQueries::validate_input(&input, &cx), Ok(()));
+        assert_eq!(TrapQueries::check_permissions(&input, &cx), Permission::Allow);
+        assert_eq!(TrapQueries::permission_subject(&input, &cx).as_deref(), Some("hi"));
+        let output = TrapQueries::call(input, &cx).unwrap();
+        assert_eq!(output.text(), "ok: hi");
     }
 
     /// An export's name, and a call of it that discards the answer.
@@ -123,22 +124,22 @@ mod tests {
     fn trapping(trap_in: &[&str]) -> Vec<&'static str> {
         let queries: [Query; 7] = [
             ("is_concurrency_safe", |i| {
-                TrapQueries::is_concurrency_safe(&i);
+                TrapQueries::is_concurrency_safe(&i, &Context::workspace_root());
             }),
             ("is_read_only", |i| {
-                TrapQueries::is_read_only(&i);
+                TrapQueries::is_read_only(&i, &Context::workspace_root());
             }),
             ("is_destructive", |i| {
-                TrapQueries::is_destructive(&i);
+                TrapQueries::is_destructive(&i, &Context::workspace_root());
             }),
             ("validate_input", |i| {
-                let _ = TrapQueries::validate_input(&i);
+                let _ = TrapQueries::validate_input(&i, &Context::workspace_root());
             }),
             ("check_permissions", |i| {
-                TrapQueries::check_permissions(&i);
+                TrapQueries::check_permissions(&i, &Context::workspace_root());
             }),
             ("permission_subject", |i| {
-                TrapQueries::permission_subject(&i);
+                TrapQueries::permission_subject(&i, &Context::workspace_root());
             }),
             ("call", |i| {
                 let _ = TrapQueries::call(i, &Context::workspace_root());
@@ -162,7 +163,8 @@ mod tests {
 
     #[test]
     fn rejects_a_misspelt_export_name() {
-        let error = TrapQueries::validate_input(&input(&["is_readonly"])).unwrap_err();
+        let error =
+            TrapQueries::validate_input(&input(&["is_readonly"]), &Context::workspace_root()).unwrap_err();
         assert_eq!(
             error.message(),
             "`trap_in` names `is_readonly`, which is not one of [\"is_concurrency_safe\", \
