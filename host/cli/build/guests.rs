@@ -23,6 +23,8 @@ pub const EXAMPLE_TOOLS: &[(&str, &str)] = &[
     ("keel-tool-grep", "example-tools/grep"),
     ("keel-tool-hash", "example-tools/hash"),
     ("keel-tool-sleep", "example-tools/sleep"),
+    ("keel-tool-thumbnail", "example-tools/thumbnail"),
+    ("keel-tool-wc", "example-tools/wc"),
     ("keel-tool-write-file", "example-tools/write_file"),
 ];
 
