@@ -732,7 +732,7 @@ mod tests {
         let result = budget.per_tool(ToolResult::error("e", text(11)), Threshold::Chars(10)).await;
         assert!(result.is_error);
         assert!(
-            result.content.starts_with("<persisted-output>\nOutput too large (11 chars"),
+            result.content.text().starts_with("<persisted-output>\nOutput too large (11 chars"),
             "{}",
             result.content
         );
@@ -754,7 +754,7 @@ mod tests {
         let budget = budget.shown_root("/home/me/.keel/s1");
         let result = budget.per_tool(ToolResult::ok("a", text(11)), Threshold::Chars(10)).await;
         assert!(
-            result.content.contains("Full output saved to: /home/me/.keel/s1/tool-results/a.txt\n"),
+            result.content.text().contains("Full output saved to: /home/me/.keel/s1/tool-results/a.txt\n"),
             "{}",
             result.content
         );
@@ -792,7 +792,7 @@ mod tests {
         let result = budget.per_tool(ToolResult::ok("p", text(11)), Threshold::Chars(10)).await;
         assert!(result.is_error);
         assert!(
-            result.content.starts_with(
+            result.content.text().starts_with(
                 "Failed to save the full output (11 chars, 11 bytes) to tool-results/p.txt: the writer panicked."
             ),
             "{}",
@@ -810,6 +810,7 @@ mod tests {
         assert!(
             result
                 .content
+                .text()
                 .starts_with("Failed to save the full output (11 chars, 11 bytes) to tool-results/a.txt: "),
             "{}",
             result.content
@@ -823,13 +824,13 @@ mod tests {
     fn replaced_ids(results: &[ToolResult]) -> Vec<&str> {
         results
             .iter()
-            .filter(|r| is_replacement(&r.content, r.is_error))
+            .filter(|r| is_replaced(&r.content, r.is_error))
             .map(|r| r.tool_use_id.as_str())
             .collect()
     }
 
     fn total(results: &[ToolResult]) -> usize {
-        results.iter().map(|r| r.content.chars().count()).sum()
+        results.iter().map(|r| content_chars(&r.content)).sum::<u64>() as usize
     }
 
     #[tokio::test]
@@ -852,11 +853,11 @@ mod tests {
         let mut ledger = Ledger::new();
         budget.per_message(&mut message, &[Threshold::default(); 5], &mut ledger).await;
         assert_eq!(replaced_ids(&message), ["r2"]);
-        assert_eq!(message[2].content, persisted_block(&before[2].content, "tool-results/r2.txt"));
+        assert_eq!(message[2].content, Content::Text(persisted_block(&before[2].content.text(), "tool-results/r2.txt")));
         assert_eq!(store.names(), ["r2.txt"]);
         assert_eq!(
             ledger.get("r2"),
-            Some(&Decision::Replaced { content: message[2].content.clone(), is_error: false })
+            Some(&Decision::Replaced { content: message[2].content.text().into_owned(), is_error: false })
         );
         assert_eq!(ledger.get("r0"), Some(&Decision::Kept));
     }
@@ -889,7 +890,7 @@ mod tests {
         budget.per_message(&mut message, &thresholds, &mut ledger).await;
         // 280K: the self-bounded 100K stays; 80K then 60K go.
         assert_eq!(replaced_ids(&message), ["r2", "r4"]);
-        assert_eq!(message[0].content.len(), 100_000);
+        assert_eq!(message[0].content.text().len(), 100_000);
     }
 
     #[tokio::test]
@@ -933,7 +934,7 @@ mod tests {
         // r0 is the largest, and was kept: it stays whole, and r2 goes.
         let mut message = results(&[190_000, 50_000, 20_000]);
         budget.per_message(&mut message, &[Threshold::default(); 3], &mut ledger).await;
-        assert_eq!(message[0].content.len(), 190_000);
+        assert_eq!(message[0].content.text().len(), 190_000);
         assert_eq!(message[1], ToolResult::error("r1", "earlier bytes"));
         assert_eq!(replaced_ids(&message), ["r2"]);
         assert_eq!(store.names(), ["r2.txt"]);
@@ -947,10 +948,10 @@ mod tests {
         let mut ledger = Ledger::new();
         budget.per_message(&mut message, &[Threshold::SelfBounded, Threshold::default()], &mut ledger).await;
         assert!(message[1].is_error);
-        assert!(message[1].content.starts_with("Failed to save the full output (60000 chars"));
+        assert!(message[1].content.text().starts_with("Failed to save the full output (60000 chars"));
         assert_eq!(
             ledger.get("r1"),
-            Some(&Decision::Replaced { content: message[1].content.clone(), is_error: true })
+            Some(&Decision::Replaced { content: message[1].content.text().into_owned(), is_error: true })
         );
         assert!(total(&message) <= 200_000);
     }

@@ -154,6 +154,11 @@ impl CallOutput {
             context_modifier: None,
         }
     }
+
+    /// Its text blocks joined by newlines, images left out.
+    pub fn to_text(&self) -> String {
+        crate::content::Content::from_blocks(self.content.clone()).text().into_owned()
+    }
 }
 
 /// Why a call produced no output.
