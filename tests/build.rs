@@ -5,12 +5,15 @@
 mod guests;
 
 /// The hostile and probing guests the tests load beside the example tools,
-/// with their directories in the workspace.
+/// with their directories in the workspace: `legacy` is a component of the
+/// previous contract, `rich` hands back images and structured values.
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("keel-guest-trap-queries", "tests/guests/trap-queries"),
     ("keel-guest-probe", "tests/guests/probe"),
     ("keel-guest-hostile", "tests/guests/hostile"),
     ("keel-guest-trap-load", "tests/guests/trap-load"),
+    ("keel-guest-legacy", "tests/guests/legacy"),
+    ("keel-guest-rich", "tests/guests/rich"),
 ];
 
 fn main() {
