@@ -79,7 +79,7 @@
 //! input into the path to open, and [`Context::workspace_relative`] names it
 //! for [`Tool::permission_subject`]: relative to the workspace root and
 //! normalized, whatever the working directory, so a rule written against the
-//! workspace (`Write(secrets/**)`) holds after a `cd`.
+//! workspace (`write_file(secrets/**)`) holds after a `cd`.
 //!
 //! # Contract version
 //!
@@ -412,7 +412,7 @@ impl Context {
     /// relative to the workspace root and normalized. The root itself is
     /// `.`; a path outside the workspace keeps its absolute normalized form.
     ///
-    /// A rule such as `Write(secrets/**)` is written against the workspace,
+    /// A rule such as `write_file(secrets/**)` is written against the workspace,
     /// so a subject named this way matches it whatever the working directory.
     ///
     /// ```

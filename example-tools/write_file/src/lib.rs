@@ -2,8 +2,8 @@
 //!
 //! Not concurrency-safe (a later call must see the file), not read-only, and
 //! destructive only when it would overwrite a file that exists. Its permission
-//! subject is the file, named from the workspace root, so `Write(secrets/**)`
-//! holds after a `cd`.
+//! subject is the file, named from the workspace root, so a rule
+//! `write_file(secrets/**)` holds after a `cd`.
 
 use std::path::Path;
 
