@@ -82,7 +82,9 @@ fn an_image_a_model_would_refuse_is_persisted_and_named() {
         let text = result.content.as_text().unwrap_or_else(|| panic!("only text is left: {result:?}"));
         let file = format!("tool-results/{id}-image-1.png");
         assert!(text.starts_with("<persisted-output>\nImage left out (image/png, "), "{text}");
-        assert!(text.ends_with(&format!("Saved to: {file}\n</persisted-output>")), "{text}");
+        // The session directory's path comes first, so the model can open it.
+        let shown = session.path().join(&file).display().to_string();
+        assert!(text.ends_with(&format!("Saved to: {shown}\n</persisted-output>")), "{text}");
         let saved = std::fs::read(session.path().join(&file)).unwrap();
         assert!(saved.starts_with(&pixel_png()[..8]), "the image's own bytes are kept");
     }

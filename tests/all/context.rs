@@ -61,10 +61,11 @@ fn a_write_after_a_cd_is_judged_where_it_writes() {
     assert_eq!(outcome.results[0], denied("t3", "write_file"), "the subject is normalized");
     assert_eq!(secret(&workspace), "the key");
 
-    let outcome = block_on(host.run_batch(&[cd("t4", "secrets"), write("t5", "write_file", "other.txt")]));
+    std::fs::create_dir(workspace.path().join("notes")).unwrap();
+    let outcome = block_on(host.run_batch(&[cd("t4", "notes"), write("t5", "write_file", "k.txt")]));
     assert!(!outcome.results[1].is_error, "{:?}", outcome.results[1]);
-    assert!(!workspace.path().join("other.txt").exists(), "it wrote under the working directory");
-    assert!(workspace.path().join("secrets/other.txt").exists());
+    assert!(!workspace.path().join("k.txt").exists(), "it wrote under the working directory");
+    assert_eq!(std::fs::read_to_string(workspace.path().join("notes/k.txt")).unwrap(), "overwritten");
 }
 
 #[test]

@@ -184,7 +184,7 @@ fn a_call_that_panics_the_host_gets_its_one_result_and_the_others_run() {
     ];
     let (_, results, _) = events_of(&host, uses);
     let outcome: Vec<(&str, bool, &str)> =
-        results.iter().map(|r| (r.tool_use_id.as_str(), r.is_error, r.content.text().as_ref())).collect();
+        results.iter().map(|r| (r.tool_use_id.as_str(), r.is_error, r.content.as_text().unwrap())).collect();
     assert_eq!(
         outcome,
         [
