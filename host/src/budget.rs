@@ -594,7 +594,8 @@ mod tests {
         let mut spec = read();
         spec.name = name.into();
         spec.max_result_size = size;
-        spec.origin = crate::tool::ToolOrigin::Plugin { path: format!("{name}.wasm").into(), contract: "0.3.0" };
+        spec.origin =
+            crate::tool::ToolOrigin::Plugin { path: format!("{name}.wasm").into(), contract: "0.3.0" };
         spec.trusted = trusted;
         spec
     }
@@ -853,7 +854,10 @@ mod tests {
         let mut ledger = Ledger::new();
         budget.per_message(&mut message, &[Threshold::default(); 5], &mut ledger).await;
         assert_eq!(replaced_ids(&message), ["r2"]);
-        assert_eq!(message[2].content, Content::Text(persisted_block(&before[2].content.text(), "tool-results/r2.txt")));
+        assert_eq!(
+            message[2].content,
+            Content::Text(persisted_block(&before[2].content.text(), "tool-results/r2.txt"))
+        );
         assert_eq!(store.names(), ["r2.txt"]);
         assert_eq!(
             ledger.get("r2"),

@@ -194,7 +194,9 @@ impl Image {
             Some(held) if held == media_type => {}
             Some(held) => return Err(format!("is labelled `{media_type}` but its bytes are `{held}`")),
             None => {
-                return Err(format!("is labelled `{media_type}` but its bytes are not an image of that type"));
+                return Err(format!(
+                    "is labelled `{media_type}` but its bytes are not an image of that type"
+                ));
             }
         }
         let size = imagesize::blob_size(&self.data)

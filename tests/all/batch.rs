@@ -99,7 +99,9 @@ fn broken_json_input_and_a_tool_error_fail_only_their_call() {
     .unwrap();
     let results = block_on(host.run_batch(&batch)).results;
     assert!(results[0].content.text().starts_with("Invalid input for grep: the input is not valid JSON: "));
-    assert!(results[1].content.text().starts_with("Invalid input for grep: `pattern` is not a valid regex: "));
+    assert!(
+        results[1].content.text().starts_with("Invalid input for grep: `pattern` is not a valid regex: ")
+    );
     assert!(results[2].content.text().starts_with("cannot search missing: "), "{}", results[2].content);
     assert!(results[..3].iter().all(|r| r.is_error));
     assert_eq!(results[3], ToolResult::ok("d", "No matches in 0 files"));

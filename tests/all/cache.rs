@@ -163,6 +163,10 @@ fn concurrent_first_calls_of_a_plugin_whose_code_is_not_loaded_all_run() {
     let (events, results, _) = crate::events_of(&host, calls);
     assert!(crate::most_in_flight(&events) > 1, "the calls overlapped");
     for result in &results {
-        assert!(!result.is_error && result.content.text().contains("notes.txt:1:a needle"), "{}", result.content);
+        assert!(
+            !result.is_error && result.content.text().contains("notes.txt:1:a needle"),
+            "{}",
+            result.content
+        );
     }
 }

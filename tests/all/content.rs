@@ -25,7 +25,7 @@ fn png_header(width: u32, height: u32) -> Vec<u8> {
     bytes
 }
 
-fn rich(id: &str, mode: &str, value: Value) -> ToolUse {
+fn rich(id: &str, mode: &str, value: &Value) -> ToolUse {
     ToolUse::new(id, "rich", json!({ "mode": mode, "value": value }))
 }
 
@@ -40,7 +40,7 @@ fn run(session: &std::path::Path, uses: &[ToolUse]) -> Vec<ToolResult> {
 #[test]
 fn an_image_reaches_the_message_as_a_base64_image_block() {
     let session = tempfile::tempdir().unwrap();
-    let results = run(session.path(), &[rich("t1", "image", Value::Null)]);
+    let results = run(session.path(), &[rich("t1", "image", &Value::Null)]);
     let result = &results[0];
     assert!(!result.is_error, "{result:?}");
     let Content::Blocks(blocks) = &result.content else { panic!("an image makes blocks: {result:?}") };
@@ -58,7 +58,10 @@ fn an_image_reaches_the_message_as_a_base64_image_block() {
 #[test]
 fn an_image_whose_bytes_are_not_its_media_type_fails_the_call() {
     let session = tempfile::tempdir().unwrap();
-    let results = run(session.path(), &[rich("a", "mislabeled", Value::Null), rich("b", "unknown-type", Value::Null)]);
+    let results = run(
+        session.path(),
+        &[rich("a", "mislabeled", &Value::Null), rich("b", "unknown-type", &Value::Null)],
+    );
     assert_eq!(
         results[0],
         ToolResult::error(
@@ -75,7 +78,8 @@ fn an_image_whose_bytes_are_not_its_media_type_fails_the_call() {
 #[test]
 fn an_image_a_model_would_refuse_is_persisted_and_named() {
     let session = tempfile::tempdir().unwrap();
-    let results = run(session.path(), &[rich("wide", "wide", Value::Null), rich("huge", "huge", Value::Null)]);
+    let results =
+        run(session.path(), &[rich("wide", "wide", &Value::Null), rich("huge", "huge", &Value::Null)]);
     for result in &results {
         let id = &result.tool_use_id;
         assert!(!result.is_error, "{result:?}");
@@ -99,10 +103,10 @@ fn a_structured_value_is_checked_and_shown_as_text_when_the_tool_gave_none() {
     let results = run(
         session.path(),
         &[
-            rich("ok", "structured", json!({ "count": 3 })),
-            rich("both", "text-and-structured", json!({ "count": 4 })),
-            rich("negative", "structured", json!({ "count": -1 })),
-            rich("wrong", "structured", json!({ "count": "x" })),
+            rich("ok", "structured", &json!({ "count": 3 })),
+            rich("both", "text-and-structured", &json!({ "count": 4 })),
+            rich("negative", "structured", &json!({ "count": -1 })),
+            rich("wrong", "structured", &json!({ "count": "x" })),
         ],
     );
     assert_eq!(results[0].content, Content::Text(r#"{"count":3}"#.into()));
@@ -131,7 +135,7 @@ fn an_image_counts_by_its_size_and_a_replacement_is_reproduced_from_the_transcri
     let photo = Image::new("image/png", png_header(1_000, 1_000));
     let with_photo = ToolResult::ok(
         "photo",
-        Content::Blocks(vec![ContentBlock::Text("a photo".into()), ContentBlock::Image(photo.clone())]),
+        Content::Blocks(vec![ContentBlock::Text("a photo".into()), ContentBlock::Image(photo)]),
     );
     let text = ToolResult::ok("text", "x".repeat(1_000));
     assert!(!Threshold::Chars(5_343).exceeded_by_content(&with_photo.content));
@@ -145,17 +149,23 @@ fn an_image_counts_by_its_size_and_a_replacement_is_reproduced_from_the_transcri
     assert!(replaced.starts_with("<persisted-output>\nOutput too large (7 chars, 7 bytes)"), "{replaced}");
     assert!(replaced.contains("Saved to: tool-results/photo-image-1.png\n</persisted-output>"), "{replaced}");
     assert_eq!(message[1], text, "the smaller result is kept");
-    assert_eq!(std::fs::read(session.path().join("tool-results/photo-image-1.png")).unwrap(), png_header(1_000, 1_000));
-    assert_eq!(ledger.get("photo"), Some(&Decision::Replaced { content: replaced.clone(), is_error: false }));
+    assert_eq!(
+        std::fs::read(session.path().join("tool-results/photo-image-1.png")).unwrap(),
+        png_header(1_000, 1_000)
+    );
+    assert_eq!(ledger.get("photo"), Some(&Decision::Replaced { content: replaced, is_error: false }));
 
     // Rebuilt from the message as sent, the ledger gives the same bytes
     // again, for the results whole or as sent.
     let rebuilt = Ledger::reconstruct([&user_message(&message)]).unwrap();
     assert_eq!(rebuilt, ledger);
-    for results in [vec![with_photo, text.clone()], message.clone()] {
+    for results in [vec![with_photo, text], message.clone()] {
         let mut again = results;
         block_on(budget.per_message(&mut again, &thresholds, &mut rebuilt.clone()));
-        assert_eq!(serde_json::to_string(&user_message(&again)).unwrap(), serde_json::to_string(&user_message(&message)).unwrap());
+        assert_eq!(
+            serde_json::to_string(&user_message(&again)).unwrap(),
+            serde_json::to_string(&user_message(&message)).unwrap()
+        );
     }
 }
 

@@ -45,7 +45,10 @@ fn write(id: &str, tool: &str, path: &str) -> ToolUse {
 }
 
 fn denied(id: &str, tool: &str) -> ToolResult {
-    ToolResult::error(id, format!("Permission to use {tool} denied: the rule `{tool}(secrets/**)` forbids it"))
+    ToolResult::error(
+        id,
+        format!("Permission to use {tool} denied: the rule `{tool}(secrets/**)` forbids it"),
+    )
 }
 
 #[test]
@@ -142,7 +145,10 @@ fn a_tool_of_contract_0_2_0_loads_runs_and_cannot_walk_around_a_rule() {
     let (workspace, builder) = world(DENY_SECRETS);
     let host = block_on(builder.build()).unwrap();
     let legacy = host.pool().get("legacy_write").expect("a 0.2.0 component loads beside 0.3.0 ones");
-    assert!(matches!(legacy.tool.spec().origin, keel_host::tool::ToolOrigin::Plugin { contract: "0.2.0", .. }));
+    assert!(matches!(
+        legacy.tool.spec().origin,
+        keel_host::tool::ToolOrigin::Plugin { contract: "0.2.0", .. }
+    ));
 
     let outcome = block_on(host.run_batch(&[write("t1", "legacy_write", "notes/a.txt")]));
     assert_eq!(outcome.results[0], ToolResult::ok("t1", "Wrote 11 bytes to notes/a.txt"));
@@ -156,7 +162,10 @@ fn a_tool_of_contract_0_2_0_loads_runs_and_cannot_walk_around_a_rule() {
     let refused = &outcome.results[1];
     assert!(refused.is_error, "{refused:?}");
     assert!(
-        refused.content.text().starts_with("Permission to use legacy_write denied: the rule `legacy_write(secrets/**)`"),
+        refused
+            .content
+            .text()
+            .starts_with("Permission to use legacy_write denied: the rule `legacy_write(secrets/**)`"),
         "{refused:?}"
     );
     assert_eq!(secret(&workspace), "the key");
@@ -171,7 +180,11 @@ fn a_0_2_0_tool_after_a_cd_gets_no_pattern_allow() {
     let outcome = block_on(host.run_batch(&[write("t1", "legacy_write", "notes/a.txt")]));
     assert!(!outcome.results[0].is_error, "{:?}", outcome.results[0]);
     let outcome = block_on(host.run_batch(&[cd("t2", "notes"), write("t3", "legacy_write", "b.txt")]));
-    assert!(outcome.results[1].is_error, "an unknown subject is allowed by no pattern: {:?}", outcome.results[1]);
+    assert!(
+        outcome.results[1].is_error,
+        "an unknown subject is allowed by no pattern: {:?}",
+        outcome.results[1]
+    );
     assert!(!workspace.path().join("notes/b.txt").exists());
 }
 

@@ -89,7 +89,9 @@ fn a_component_without_the_contract_is_refused() {
 #[test]
 fn a_component_of_a_contract_version_the_host_does_not_know_is_refused_naming_those_it_does() {
     for version in ["0.1.0", "0.4.0"] {
-        let wat = format!(r#"(component (instance $guest) (export "keel:tool/guest@{version}" (instance $guest)))"#);
+        let wat = format!(
+            r#"(component (instance $guest) (export "keel:tool/guest@{version}" (instance $guest)))"#
+        );
         assert_eq!(
             load_error(&wat::parse_str(wat).unwrap()),
             format!(
@@ -103,7 +105,9 @@ fn a_component_of_a_contract_version_the_host_does_not_know_is_refused_naming_th
 #[test]
 fn a_component_missing_an_export_is_refused_naming_it() {
     for version in ["0.2.0", "0.3.0"] {
-        let wat = format!(r#"(component (instance $guest) (export "keel:tool/guest@{version}" (instance $guest)))"#);
+        let wat = format!(
+            r#"(component (instance $guest) (export "keel:tool/guest@{version}" (instance $guest)))"#
+        );
         let error = load_error(&wat::parse_str(wat).unwrap());
         assert!(error.starts_with("does not export the keel tool contract: "), "{error}");
         assert!(error.contains("metadata") || error.contains("guest"), "{error}");

@@ -58,8 +58,10 @@ fn a_trap_in_each_question_gives_its_fallback() {
         assert!(!healthy.is_destructive().await);
         assert_eq!(healthy.permission_subject().await, Some("subject".into()));
 
-        let mut trapped =
-            tool.invoke(input(&["is_read_only", "is_destructive", "permission_subject"]), crate::at_root()).await.unwrap();
+        let mut trapped = tool
+            .invoke(input(&["is_read_only", "is_destructive", "permission_subject"]), crate::at_root())
+            .await
+            .unwrap();
         assert!(!trapped.is_read_only().await, "fallback: assume it writes");
         assert!(!trapped.is_concurrency_safe().await, "one `plan` answers both: both fall back");
         assert!(trapped.is_destructive().await, "fallback: assume irreversible");
@@ -113,5 +115,9 @@ fn a_misspelt_export_name_is_refused_by_the_guest() {
     let (_workspace, host) = host();
     let results = block_on(host.run_batch(&[trapping("x", &["is_concurency_safe"])])).results;
     assert!(results[0].is_error);
-    assert!(results[0].content.text().contains("`trap_in` names `is_concurency_safe`"), "{}", results[0].content);
+    assert!(
+        results[0].content.text().contains("`trap_in` names `is_concurency_safe`"),
+        "{}",
+        results[0].content
+    );
 }

@@ -153,7 +153,10 @@ fn queued_modifiers_apply_in_block_order_whatever_the_finishing_order() {
         })
         .collect();
     assert_eq!(finished, ["m3", "m2", "m1", "m0"], "the calls really finished in reverse");
-    assert!(results.iter().all(|r| r.content.text() == "saw last = null"), "each saw the context as the run began");
+    assert!(
+        results.iter().all(|r| r.content.text() == "saw last = null"),
+        "each saw the context as the run began"
+    );
     assert_eq!(
         context,
         json!({ "cwd": "/workspace", "last": 1, "marks": { "90": true, "60": true, "30": true, "1": true } }),
@@ -310,7 +313,10 @@ fn calls_arriving_one_by_one_keep_a_batchs_order_and_context() {
         tokio::join!(searched, moved, unknown)
     });
     assert!(!moved.is_error, "{moved:?}");
-    assert!(searched.content.text().contains("in.txt") && !searched.content.text().contains("out.txt"), "{searched:?}");
+    assert!(
+        searched.content.text().contains("in.txt") && !searched.content.text().contains("out.txt"),
+        "{searched:?}"
+    );
     assert_eq!(unknown, ToolResult::error("nope", "No such tool: grpe. Did you mean grep?"));
     assert_eq!(stream.context()["cwd"], "/workspace/sub");
 }

@@ -277,7 +277,12 @@ mod tests {
         Event::CallFinished { tool_use_id: id.into(), is_error: false }
     }
     fn result(id: &str) -> Event {
-        Event::ToolResult { tool_use_id: id.into(), content: id.into(), structured_content: None, is_error: false }
+        Event::ToolResult {
+            tool_use_id: id.into(),
+            content: id.into(),
+            structured_content: None,
+            is_error: false,
+        }
     }
 
     #[test]

@@ -153,7 +153,8 @@ const RICH_BATCH: &str = r#"[
 #[test]
 fn images_and_structured_values_print_as_tool_result_content() {
     let message = run_rich(&[], RICH_BATCH);
-    let data = message["content"][0]["content"][1]["source"]["data"].as_str().expect("an image block").to_owned();
+    let data =
+        message["content"][0]["content"][1]["source"]["data"].as_str().expect("an image block").to_owned();
     assert_eq!(
         message,
         serde_json::json!({
@@ -182,7 +183,10 @@ fn the_openai_format_carries_the_text_and_names_a_left_out_image() {
     let text = messages[0]["content"].as_str().unwrap();
     let (first, second) = text.split_once('\n').expect("two lines");
     assert_eq!(first, "a tiny image");
-    assert!(second.starts_with("[an image (image/png, ") && second.ends_with("was left out: this format carries text only]"));
+    assert!(
+        second.starts_with("[an image (image/png, ")
+            && second.ends_with("was left out: this format carries text only]")
+    );
     assert_eq!(messages[1]["content"], "{\"count\":3}");
 }
 
@@ -191,7 +195,8 @@ fn the_events_carry_a_structured_value_beside_its_text() {
     let workspace = tempfile::tempdir().unwrap();
     let rich = keel_tests::guest("keel_guest_rich");
     let batch = r#"[{"type":"tool_use","id":"2","name":"rich","input":{"mode":"text-and-structured","value":{"count":3}}}]"#;
-    let output = keel(&["run", "--events", "--plugins", rich.to_str().unwrap(), "-"], workspace.path(), batch);
+    let output =
+        keel(&["run", "--events", "--plugins", rich.to_str().unwrap(), "-"], workspace.path(), batch);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let result = String::from_utf8(output.stdout)
         .unwrap()

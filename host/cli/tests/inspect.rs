@@ -199,7 +199,9 @@ fn errors_say_what_failed_where_and_what_to_do() {
     let legacy = keel_tests::guest("keel_guest_legacy");
     let report = stdout(&keel(&["inspect", legacy.to_str().unwrap()], dir.path()));
     assert!(
-        report.contains("  contract      keel:tool@0.2.0 (older than 0.3.0: its questions do not see the context)\n"),
+        report.contains(
+            "  contract      keel:tool@0.2.0 (older than 0.3.0: its questions do not see the context)\n"
+        ),
         "{report}"
     );
 

@@ -470,11 +470,11 @@ impl Drop for Failing<'_> {
         }
         let (batch, index) = (self.batch, self.index);
         let id = &batch.uses[index].id;
-        let failed = || Err(ToolResult::error(id, PLANNING_PANICKED));
+        let failed = ToolResult::error(id, PLANNING_PANICKED);
         let (starts, plans) = match self.doing {
             Doing::Running => batch.lock().finished(batch, index, Ran::panicked(id)),
-            Doing::Planning => batch.lock().planned(batch, index, failed()),
-            Doing::Replanning => batch.lock().replanned(batch, index, failed()),
+            Doing::Planning => batch.lock().planned(batch, index, Err(failed)),
+            Doing::Replanning => batch.lock().replanned(batch, index, Err(failed)),
         };
         batch.spawn(starts, plans);
     }
