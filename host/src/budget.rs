@@ -386,7 +386,7 @@ impl Budget {
             }
             Content::Blocks(blocks) => blocks,
         };
-        let text = Content::Blocks(blocks.clone()).text().into_owned();
+        let text = crate::content::text_of(&blocks);
         let mut shown = Vec::new();
         let mut is_error = is_error;
         if !text.is_empty() {

@@ -87,16 +87,7 @@ impl Content {
     pub fn text(&self) -> Cow<'_, str> {
         match self {
             Content::Text(text) => Cow::Borrowed(text),
-            Content::Blocks(blocks) => {
-                let texts: Vec<&str> = blocks
-                    .iter()
-                    .filter_map(|block| match block {
-                        ContentBlock::Text(text) => Some(text.as_str()),
-                        ContentBlock::Image(_) => None,
-                    })
-                    .collect();
-                Cow::Owned(texts.join("\n"))
-            }
+            Content::Blocks(blocks) => Cow::Owned(text_of(blocks)),
         }
     }
 
@@ -119,6 +110,19 @@ impl Content {
             ContentBlock::Text(_) => None,
         })
     }
+}
+
+/// The text blocks of `blocks` joined by newlines, images left out: what
+/// [`Content::text`] reads of a list of blocks.
+pub fn text_of(blocks: &[ContentBlock]) -> String {
+    let texts: Vec<&str> = blocks
+        .iter()
+        .filter_map(|block| match block {
+            ContentBlock::Text(text) => Some(text.as_str()),
+            ContentBlock::Image(_) => None,
+        })
+        .collect();
+    texts.join("\n")
 }
 
 impl From<String> for Content {

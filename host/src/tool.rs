@@ -157,7 +157,7 @@ impl CallOutput {
 
     /// Its text blocks joined by newlines, images left out.
     pub fn to_text(&self) -> String {
-        crate::content::Content::from_blocks(self.content.clone()).text().into_owned()
+        crate::content::text_of(&self.content)
     }
 }
 

@@ -390,17 +390,21 @@ impl Batch {
     /// Plan call `index`, unless another task already took it, then run
     /// whatever its planning let start.
     async fn plan(self: Arc<Self>, index: usize) {
-        if self.lock().claim(index) {
-            let (starts, plans) = self.plan_claimed(index).await;
+        let claimed = self.lock().claim(index);
+        if let Some(context) = claimed {
+            let (starts, plans) = self.plan_claimed(index, context).await;
             self.work(starts, plans).await;
         }
     }
 
-    /// Plan call `index`, claimed by this task: what may start now, and
-    /// what to plan next.
-    async fn plan_claimed(self: &Arc<Self>, index: usize) -> (Vec<Start>, std::ops::Range<usize>) {
+    /// Plan call `index`, claimed by this task under `context`: what may
+    /// start now, and what to plan next.
+    async fn plan_claimed(
+        self: &Arc<Self>,
+        index: usize,
+        context: Arc<Value>,
+    ) -> (Vec<Start>, std::ops::Range<usize>) {
         let guard = Failing { batch: self, index, doing: Doing::Planning };
-        let context = self.lock().admission.context().clone();
         let (tool_use, fuel, max_input) = (&self.uses[index], self.fuel.as_ref(), self.options.max_input);
         let call = call::prepare(&self.pool, tool_use, &context, fuel, max_input).await;
         std::mem::forget(guard);
@@ -419,8 +423,8 @@ impl Batch {
             let mine = if starts.is_empty() { None } else { Some(starts.swap_remove(0)) };
             self.spawn(starts, plans);
             let Some(Start { index, call, context, replan }) = mine else {
-                let Some(index) = self.lock().claim_next() else { return };
-                (starts, plans) = self.plan_claimed(index).await;
+                let Some((index, context)) = self.lock().claim_next() else { return };
+                (starts, plans) = self.plan_claimed(index, context).await;
                 continue;
             };
             if replan {
@@ -481,20 +485,24 @@ impl Drop for Failing<'_> {
 }
 
 impl State {
-    /// Take call `index` to plan, unless a task already took it.
-    fn claim(&mut self, index: usize) -> bool {
-        let unclaimed = matches!(self.calls[index], Slot::Unplanned);
-        if unclaimed {
-            self.calls[index] = Slot::Planning;
+    /// Take call `index` to plan, unless a task already took it: the shared
+    /// context as it is now, which the call is planned under.
+    fn claim(&mut self, index: usize) -> Option<Arc<Value>> {
+        if !matches!(self.calls[index], Slot::Unplanned) {
+            return None;
         }
-        unclaimed
+        self.calls[index] = Slot::Planning;
+        Some(self.admission.context().clone())
     }
 
-    /// The first call not yet started, taken to plan, if its planning was
-    /// handed to a task that has not begun it.
-    fn claim_next(&mut self) -> Option<usize> {
+    /// The first call not yet started, taken to plan with its context, if
+    /// its planning was handed to a task that has not begun it.
+    fn claim_next(&mut self) -> Option<(usize, Arc<Value>)> {
         let index = self.next;
-        (index < self.planning && self.claim(index)).then_some(index)
+        if index >= self.planning {
+            return None;
+        }
+        self.claim(index).map(|context| (index, context))
     }
 
     /// Call `index` is planned: keep it, announce the plan once every call
@@ -505,8 +513,7 @@ impl State {
         index: usize,
         call: Result<Prepared, ToolResult>,
     ) -> (Vec<Start>, std::ops::Range<usize>) {
-        self.safe[index] = matches!(&call, Ok(call) if call.concurrency_safe);
-        self.calls[index] = Slot::Waiting(call);
+        self.wait(index, call);
         self.planned += 1;
         if self.planned == self.calls.len() {
             let ids = &self.results.ids;
@@ -526,9 +533,14 @@ impl State {
         index: usize,
         call: Result<Prepared, ToolResult>,
     ) -> (Vec<Start>, std::ops::Range<usize>) {
+        self.wait(index, call);
+        self.pump(batch)
+    }
+
+    /// Keep call `index`, planned, to wait for its turn.
+    fn wait(&mut self, index: usize, call: Result<Prepared, ToolResult>) {
         self.safe[index] = matches!(&call, Ok(call) if call.concurrency_safe);
         self.calls[index] = Slot::Waiting(call);
-        self.pump(batch)
     }
 
     /// Call `index` finished: release its result in order, keep its
