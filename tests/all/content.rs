@@ -185,3 +185,83 @@ fn a_message_keeping_an_image_is_reproduced_too() {
     let read_back = Content::from_value(&sent["content"][0]["content"]).unwrap();
     assert_eq!(read_back, result.content, "the image block reads back as it was sent");
 }
+
+/// A native tool whose one call returns `value` as a structured value, with
+/// no text, under `spec`.
+struct Structured(keel_host::ToolSpec, Value);
+
+#[async_trait::async_trait]
+impl keel_host::Tool for Structured {
+    fn spec(&self) -> &keel_host::ToolSpec {
+        &self.0
+    }
+
+    async fn invoke(
+        &self,
+        input: Value,
+        _context: std::sync::Arc<Value>,
+    ) -> Result<Box<dyn keel_host::Invocation>, keel_host::tool::CallError> {
+        Ok(Box::new(StructuredCall(input, self.1.clone())))
+    }
+}
+
+struct StructuredCall(Value, Value);
+
+#[async_trait::async_trait]
+impl keel_host::Invocation for StructuredCall {
+    fn input(&self) -> &Value {
+        &self.0
+    }
+
+    fn set_input(&mut self, input: Value) {
+        self.0 = input;
+    }
+
+    /// Its answers are the defaults, whatever the context.
+    fn set_context(&mut self, _context: std::sync::Arc<Value>) {}
+
+    async fn call(
+        self: Box<Self>,
+        _cx: keel_host::tool::CallContext,
+    ) -> Result<keel_host::tool::CallOutput, keel_host::tool::CallError> {
+        Ok(keel_host::tool::CallOutput {
+            content: Vec::new(),
+            structured: Some(self.1),
+            context_modifier: None,
+        })
+    }
+}
+
+fn structured_host(output_schema: Option<Value>) -> keel_host::Result<keel_host::Host> {
+    let workspace = tempfile::tempdir().unwrap();
+    let spec = keel_host::ToolSpec {
+        output_schema,
+        ..keel_host::ToolSpec::native("report", "Reports a count.", json!({ "type": "object" }))
+    };
+    let tool = std::sync::Arc::new(Structured(spec, json!({ "count": 1 })));
+    block_on(keel_host::Host::builder().workspace(workspace.path()).builtins(false).tool(tool).build())
+}
+
+#[test]
+fn a_structured_value_from_a_tool_without_an_output_schema_fails_the_call() {
+    let host = structured_host(None).unwrap();
+    let results = block_on(host.run_batch(&[ToolUse::new("t1", "report", json!({}))])).results;
+    assert_eq!(
+        results[0],
+        ToolResult::error(
+            "t1",
+            "report failed: the tool broke the keel contract: it returned a structured value but declares no \
+             output schema"
+        )
+    );
+}
+
+#[test]
+fn an_output_schema_that_is_not_an_object_schema_is_refused_when_the_tool_joins() {
+    let error = structured_host(Some(json!({ "type": "string" }))).err().expect("refused");
+    assert_eq!(
+        error.to_string(),
+        "failed to set up the WebAssembly engine: built-in `report` has an invalid output schema: the output \
+         schema does not describe an object"
+    );
+}

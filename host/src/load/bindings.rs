@@ -56,9 +56,13 @@ impl Version {
         }
     }
 
+    /// Every version, oldest first: `contract::SUPPORTED_CONTRACT_VERSIONS`,
+    /// as the test below holds it.
+    pub const ALL: [Version; 2] = [Version::V0_2, Version::V0_3];
+
     /// The version of `number`, if the host loads it.
     pub fn from_number(number: &str) -> Option<Self> {
-        [Version::V0_2, Version::V0_3].into_iter().find(|version| version.as_str() == number)
+        Version::ALL.into_iter().find(|version| version.as_str() == number)
     }
 }
 
@@ -266,5 +270,15 @@ pub fn log_level_of_v0_2(level: v0_2::keel::tool::types::LogLevel) -> LogLevel {
         Old::Info => LogLevel::Info,
         Old::Warn => LogLevel::Warn,
         Old::Error => LogLevel::Error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_bound_versions_are_the_supported_ones() {
+        assert_eq!(Version::ALL.map(Version::as_str), crate::contract::SUPPORTED_CONTRACT_VERSIONS);
     }
 }
