@@ -74,6 +74,18 @@ pub struct LimitsConfig {
     pub resources: Option<usize>,
     /// Bytes of one tool_use input accepted before parsing, in KiB.
     pub input_kib: Option<usize>,
+    /// HTTP requests per call.
+    pub network_requests: Option<usize>,
+    /// Request body bytes per call, in MiB.
+    pub network_sent_mib: Option<usize>,
+    /// Response body bytes per call, in MiB.
+    pub network_received_mib: Option<usize>,
+    /// Name lookup and connection time, in milliseconds.
+    pub network_connect_ms: Option<u64>,
+    /// Time to a response, and between its body's chunks, in milliseconds.
+    pub network_response_ms: Option<u64>,
+    /// Connections open at once per call.
+    pub network_connections: Option<usize>,
 }
 
 impl LimitsConfig {
@@ -89,6 +101,16 @@ impl LimitsConfig {
             transfer: self.transfer_mib.map_or(defaults.transfer, |mib| mib << 20),
             resources: self.resources.unwrap_or(defaults.resources),
             input: self.input_kib.map_or(defaults.input, |kib| kib << 10),
+            network_requests: self.network_requests.unwrap_or(defaults.network_requests),
+            network_sent: self.network_sent_mib.map_or(defaults.network_sent, |mib| mib << 20),
+            network_received: self.network_received_mib.map_or(defaults.network_received, |mib| mib << 20),
+            network_connect: self
+                .network_connect_ms
+                .map_or(defaults.network_connect, std::time::Duration::from_millis),
+            network_response: self
+                .network_response_ms
+                .map_or(defaults.network_response, std::time::Duration::from_millis),
+            network_connections: self.network_connections.unwrap_or(defaults.network_connections),
         }
     }
 }

@@ -35,6 +35,17 @@ pub enum Event {
         /// What the tool reported.
         data: Value,
     },
+    /// A running call's HTTP request was refused before anything was sent.
+    NetworkRefused {
+        /// Its `tool_use` id.
+        tool_use_id: String,
+        /// The request's method.
+        method: String,
+        /// The request's URL.
+        url: String,
+        /// The rule or limit that refused it.
+        reason: String,
+    },
     /// A call ended.
     CallFinished {
         /// Its `tool_use` id.
@@ -111,6 +122,7 @@ impl Event {
         match self {
             Event::CallStarted { tool_use_id, .. }
             | Event::Progress { tool_use_id, .. }
+            | Event::NetworkRefused { tool_use_id, .. }
             | Event::CallFinished { tool_use_id, .. }
             | Event::ToolResult { tool_use_id, .. }
             | Event::ToolResultReplaced { tool_use_id, .. } => Some(tool_use_id),

@@ -49,9 +49,23 @@ pub struct HostBuilder {
     ledger: Ledger,
     keep_ledger: bool,
     summarizer: Option<Arc<dyn Summarizer>>,
+    environment: Option<Environment>,
 }
 
+/// Where a host reads the variables that grants name: the values of `env`
+/// grants, and the `${NAME}` of secrets.
+pub type Environment = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
+
 impl HostBuilder {
+    /// Read the variables grants name from `environment` instead of the
+    /// process environment: an embedder that keeps credentials elsewhere
+    /// (a vault, a keyring) hands them to keel here, and they reach
+    /// requests as secrets without ever being in a process environment.
+    pub fn environment(mut self, environment: Environment) -> Self {
+        self.environment = Some(environment);
+        self
+    }
+
     /// The directory the tools work in, mounted at `/workspace` in sandboxes.
     pub fn workspace(mut self, dir: impl Into<PathBuf>) -> Self {
         self.workspace = Some(dir.into());
@@ -155,7 +169,12 @@ impl HostBuilder {
         // Meanwhile, on another core, what the first schema compiled needs.
         let meta_schemas = tokio::task::spawn_blocking(crate::pool::schema::prepare_meta_schemas);
         let runtime = Arc::new(Runtime::new(&limits, self.cache_dir)?);
-        let grants = Arc::new(Grants::from_config(&self.config.plugins, &workspace)?);
+        let grants = Arc::new(match &self.environment {
+            Some(environment) => {
+                Grants::from_config_with_env(&self.config.plugins, &workspace, |name| environment(name))?
+            }
+            None => Grants::from_config(&self.config.plugins, &workspace)?,
+        });
 
         let mut builtins: Vec<Arc<dyn Tool>> = self.native;
         if self.builtins {
@@ -352,6 +371,7 @@ impl Host {
             ledger: Ledger::new(),
             keep_ledger: true,
             summarizer: None,
+            environment: None,
         }
     }
 

@@ -50,6 +50,27 @@ pub struct Limits {
     /// A model's whole turn is a few hundred kilobytes at most, so 4 MiB
     /// passes any real input and refuses a 50 MB blob before a parser sees it.
     pub input: usize,
+    /// HTTP requests one call may make. A tool fetching a page, or paging
+    /// through an API, makes a handful; 100 stops a guest looping on
+    /// requests long before it becomes a flood.
+    pub network_requests: usize,
+    /// Bytes of request bodies one call may send, all requests together.
+    /// 16 MiB uploads a real file; it stops a guest pumping data out.
+    pub network_sent: usize,
+    /// Bytes of response bodies one call may receive, all requests
+    /// together. 64 MiB is a large download, and far beyond any result a
+    /// model reads, while a guest cannot fill memory or disk from the net.
+    pub network_received: usize,
+    /// How long resolving a name and connecting (TLS included) may take.
+    /// 10 s covers a slow resolver and a distant server.
+    pub network_connect: Duration,
+    /// How long a response may take to start, and how long its body may
+    /// stall between chunks. 20 s leaves a tool time to report the failure
+    /// inside the default deadline; it is always cut to the call's deadline.
+    pub network_response: Duration,
+    /// Connections one call may hold open at once. A tool fetching pages
+    /// side by side uses a few; 8 stops a guest opening hundreds.
+    pub network_connections: usize,
 }
 
 impl Default for Limits {
@@ -64,6 +85,12 @@ impl Default for Limits {
             transfer: 16 << 20,
             resources: 10_000,
             input: 4 << 20,
+            network_requests: 100,
+            network_sent: 16 << 20,
+            network_received: 64 << 20,
+            network_connect: Duration::from_secs(10),
+            network_response: Duration::from_secs(20),
+            network_connections: 8,
         }
     }
 }
@@ -82,6 +109,12 @@ impl Limits {
             LimitKind::Transfer => human_bytes(self.transfer),
             LimitKind::Resources => format!("{} handles", self.resources),
             LimitKind::Input => human_bytes(self.input),
+            LimitKind::NetworkRequests => format!("{} requests", self.network_requests),
+            LimitKind::NetworkSent => human_bytes(self.network_sent),
+            LimitKind::NetworkReceived => human_bytes(self.network_received),
+            LimitKind::NetworkConnect => format!("{:?}", self.network_connect),
+            LimitKind::NetworkResponse => format!("{:?}", self.network_response),
+            LimitKind::NetworkConnections => format!("{} connections", self.network_connections),
         }
     }
 }
@@ -156,6 +189,18 @@ pub enum LimitKind {
     Resources,
     /// The cap on one input's size before parsing.
     Input,
+    /// The cap on HTTP requests per call (`network_requests`).
+    NetworkRequests,
+    /// The cap on request body bytes per call (`network_sent_mib`).
+    NetworkSent,
+    /// The cap on response body bytes per call (`network_received_mib`).
+    NetworkReceived,
+    /// The time a name lookup and connection may take (`network_connect_ms`).
+    NetworkConnect,
+    /// The time a response may take to start or stall (`network_response_ms`).
+    NetworkResponse,
+    /// The cap on connections open at once (`network_connections`).
+    NetworkConnections,
 }
 
 impl fmt::Display for LimitKind {
@@ -170,6 +215,12 @@ impl fmt::Display for LimitKind {
             LimitKind::Transfer => "guest-to-host transfer limit",
             LimitKind::Resources => "resource handle limit",
             LimitKind::Input => "input size limit",
+            LimitKind::NetworkRequests => "network request limit (network_requests)",
+            LimitKind::NetworkSent => "network upload limit (network_sent_mib)",
+            LimitKind::NetworkReceived => "network download limit (network_received_mib)",
+            LimitKind::NetworkConnect => "network connect timeout (network_connect_ms)",
+            LimitKind::NetworkResponse => "network response timeout (network_response_ms)",
+            LimitKind::NetworkConnections => "network connection limit (network_connections)",
         })
     }
 }
@@ -219,6 +270,12 @@ mod tests {
             LimitKind::Transfer,
             LimitKind::Resources,
             LimitKind::Input,
+            LimitKind::NetworkRequests,
+            LimitKind::NetworkSent,
+            LimitKind::NetworkReceived,
+            LimitKind::NetworkConnect,
+            LimitKind::NetworkResponse,
+            LimitKind::NetworkConnections,
         ]
         .into_iter()
         .map(|kind| format!("{kind} of {}", limits.value_of(kind)))
@@ -235,6 +292,12 @@ mod tests {
                 "guest-to-host transfer limit of 16 MiB",
                 "resource handle limit of 10000 handles",
                 "input size limit of 4 MiB",
+                "network request limit (network_requests) of 100 requests",
+                "network upload limit (network_sent_mib) of 16 MiB",
+                "network download limit (network_received_mib) of 64 MiB",
+                "network connect timeout (network_connect_ms) of 10s",
+                "network response timeout (network_response_ms) of 20s",
+                "network connection limit (network_connections) of 8 connections",
             ]
         );
     }

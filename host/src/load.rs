@@ -7,10 +7,12 @@
 //! [`Tool`]: crate::tool::Tool
 
 pub(crate) mod bindings;
+pub(crate) mod egress;
 pub(crate) mod engine;
 #[doc(hidden)]
 pub mod floor;
 pub(crate) mod grants;
+pub mod network;
 pub(crate) mod plugin;
 pub(crate) mod sandbox;
 

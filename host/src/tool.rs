@@ -197,6 +197,21 @@ impl fmt::Display for CallError {
 /// A progress report sent by a running call.
 pub type ProgressSink = Arc<dyn Fn(Value) + Send + Sync>;
 
+/// An HTTP request of a running call that the host refused before sending
+/// anything: what it was, and the rule or limit that refused it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NetworkRefusal {
+    /// Its method: `GET`, `POST`.
+    pub method: String,
+    /// Its URL.
+    pub url: String,
+    /// Why it was refused, naming the rule or the limit.
+    pub reason: String,
+}
+
+/// Where a call's refused requests are reported, the moment they are refused.
+pub type RefusalSink = Arc<dyn Fn(&NetworkRefusal) + Send + Sync>;
+
 /// What a call is given besides its input.
 #[derive(Clone)]
 pub struct CallContext {
@@ -205,12 +220,24 @@ pub struct CallContext {
     pub context: Arc<Value>,
     /// Where progress reports go, the moment the tool sends them.
     pub progress: ProgressSink,
+    /// Where refused network requests are reported.
+    pub refused: RefusalSink,
 }
 
 impl CallContext {
-    /// A context that drops progress reports.
+    /// A context that drops progress reports and refusals.
     pub fn new(context: Value) -> Self {
-        CallContext { context: Arc::new(context), progress: Arc::new(|_| {}) }
+        CallContext::shared(Arc::new(context))
+    }
+
+    /// [`CallContext::new`] with a context already shared.
+    pub fn shared(context: Arc<Value>) -> Self {
+        CallContext { context, progress: Arc::new(|_| {}), refused: Arc::new(|_| {}) }
+    }
+
+    /// This context, sending progress reports to `sink`.
+    pub fn with_progress(self, sink: ProgressSink) -> Self {
+        CallContext { progress: sink, ..self }
     }
 }
 

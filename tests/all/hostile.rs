@@ -193,10 +193,8 @@ fn a_progress_report_that_is_not_json_arrives_as_a_string() {
     let tool = host.pool().get("hostile").unwrap().tool.clone();
     let reports = Arc::new(Mutex::new(Vec::new()));
     let sink = reports.clone();
-    let cx = CallContext {
-        context: Arc::new(context::initial()),
-        progress: Arc::new(move |value| sink.lock().unwrap().push(value)),
-    };
+    let cx = CallContext::new(context::initial())
+        .with_progress(Arc::new(move |value| sink.lock().unwrap().push(value)));
     let output = block_on(async {
         let call = tool.invoke(json!({ "act": "bad_progress" }), crate::at_root()).await.unwrap();
         call.call(cx).await

@@ -173,7 +173,7 @@ fn json_output_reports_traps_at_load_with_their_fallbacks() {
             ("requires-user-interaction", &serde_json::json!(false), "false"),
         ]
     );
-    assert_eq!(report["grant"]["network"], false);
+    assert_eq!(report["grant"]["network"], serde_json::json!([]));
 }
 
 #[test]

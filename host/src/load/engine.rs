@@ -89,6 +89,10 @@ impl Runtime {
                 Ok(())
             })
             .map_err(|error| Error::Engine(format!("failed to link WASI: {error:#}")))?;
+        // `wasi:http` types and the outgoing handler; every request goes
+        // through the sandbox's egress hook.
+        wasmtime_wasi_http::p2::add_only_http_to_linker_async(&mut linker)
+            .map_err(|error| Error::Engine(format!("failed to link wasi:http: {error:#}")))?;
         // Every contract version's host imports, side by side: a component
         // links against those of the version it was built for.
         v0_2::Tool::add_to_linker::<_, wasmtime::component::HasSelf<SandboxState>>(&mut linker, |state| {

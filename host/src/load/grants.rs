@@ -13,6 +13,10 @@
 //! env = ["ACME_REGION"]         # values come from the host's environment
 //! dirs = [{ path = "/srv/reference", mount = "/reference" }]   # read-only unless `access` says
 //! trusted = true                # its `max-result-size = none` is honoured
+//! network = ["https://api.acme.dev"]   # where its calls may send HTTP requests
+//!
+//! [plugins."acme_*".secrets]    # headers the host adds; the guest never sees them
+//! "https://api.acme.dev" = { header = "Authorization", value = "Bearer ${ACME_TOKEN}" }
 //! ```
 //!
 //! One section applies to a tool: the one named exactly after it, else the
@@ -21,15 +25,19 @@
 //! adding a broad pattern never widens a plugin that has a section of its own.
 //!
 //! Whatever is granted, a call whose `plan` says it is read-only gets every
-//! directory read-only: the claim is enforced, not trusted.
+//! directory read-only, and a call whose `is-open-world` answer is false gets
+//! no network: the claims are enforced, not trusted. The network grant's
+//! syntax and rules are in `network`.
 
 use std::collections::BTreeMap;
 use std::path::{Component, Path, PathBuf};
+use std::sync::Arc;
 
 use serde::Deserialize;
 
 use crate::contract::WORKSPACE_MOUNT;
 use crate::error::{Error, Result};
+use crate::load::network::{NetworkGrant, SecretConfig};
 
 /// Access to one directory.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -62,6 +70,14 @@ pub struct PluginConfig {
     /// its own output) is honoured instead of clamped.
     #[serde(default)]
     pub trusted: bool,
+    /// Origins its calls may send HTTP requests to: `scheme://host[:port]`,
+    /// with `*.` wildcards, addresses and networks. Default: none.
+    #[serde(default)]
+    pub network: Vec<String>,
+    /// Headers the host adds to requests for one origin, by origin; values
+    /// may read the host's environment as `${NAME}`.
+    #[serde(default)]
+    pub secrets: BTreeMap<String, SecretConfig>,
 }
 
 /// One extra directory of a `[plugins.*]` section.
@@ -93,6 +109,8 @@ pub struct PluginGrant {
     pub env: Vec<(String, String)>,
     /// Whether the plugin is trusted to bound its own output.
     pub trusted: bool,
+    /// Where its calls may send HTTP requests, and the secrets added to them.
+    pub network: Arc<NetworkGrant>,
 }
 
 impl PluginGrant {
@@ -104,6 +122,7 @@ impl PluginGrant {
             dirs: Vec::new(),
             env: Vec::new(),
             trusted: false,
+            network: Arc::default(),
         }
     }
 }
@@ -173,12 +192,17 @@ impl Grants {
                     }
                 }
             }
+            let secrets: Vec<_> =
+                section.secrets.iter().map(|(origin, secret)| (origin.clone(), secret.clone())).collect();
+            let network = NetworkGrant::parse(&section.network, &secrets, &env)
+                .map_err(|reason| invalid(pattern, reason))?;
             let grant = PluginGrant {
                 workspace: workspace.to_path_buf(),
                 workspace_access: section.access.unwrap_or(Access::ReadWrite),
                 dirs,
                 env: vars,
                 trusted: section.trusted,
+                network: Arc::new(network),
             };
             sections.push((pattern.clone(), grant));
         }

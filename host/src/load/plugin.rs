@@ -848,6 +848,9 @@ impl Invocation for PluginInvocation {
         let shared = this.shared.clone();
         let limits = &shared.limits;
         let grant = this.call_grant();
+        // Asked only of a plugin that could use the answer: it is the claim
+        // that opens the network.
+        let open_world = !shared.grant.network.is_empty() && this.is_open_world().await;
         // The questions' sandbox is reused only when the call is read-only
         // too; a call that may write gets a fresh one (a guest caches its
         // directory handles, so a regrant would not reach them).
@@ -857,6 +860,8 @@ impl Invocation for PluginInvocation {
         let reserved = this.meter.reserve(None)?;
         sandbox.budget(reserved.fuel, reserved.limit, limits.deadline)?;
         sandbox.report_progress_to(cx.progress.clone());
+        sandbox.open_network(open_world);
+        sandbox.report_refusals_to(cx.refused.clone());
         // The questions' context, as they were given it, unless the call is
         // handed another.
         let context = if Arc::ptr_eq(&cx.context, &this.context) {
@@ -875,8 +880,25 @@ impl Invocation for PluginInvocation {
         match outcome {
             Err(_elapsed) => Err(sandbox.deadline_error()),
             Ok(Err(error)) => Err(sandbox.classify(&error, limits)),
-            Ok(Ok(Err(message))) => Err(CallError::Tool(message)),
-            Ok(Ok(Ok(output))) => {
+            Ok(Ok(Err(mut message))) => {
+                sandbox.scrubber().scrub(&mut message);
+                Err(CallError::Tool(message))
+            }
+            Ok(Ok(Ok(mut output))) => {
+                let scrubber = sandbox.scrubber();
+                if scrubber.is_active() {
+                    // A secret a server echoed was masked on its way in; one
+                    // that reached the guest some other way (decoded, say) is
+                    // masked on its way out.
+                    for block in &mut output.content {
+                        if let bindings::ContentBlock::Text(text) = block {
+                            scrubber.scrub(text);
+                        }
+                    }
+                    for text in output.structured.iter_mut().chain(output.context_modifier.iter_mut()) {
+                        scrubber.scrub(text);
+                    }
+                }
                 let context_modifier = match output.context_modifier {
                     None => None,
                     Some(text) => match serde_json::from_str::<Value>(&text) {

@@ -16,6 +16,8 @@
 //! - Capabilities: preopens from the plugin's [`PluginGrant`], narrowed by
 //!   the call's [`Grant`]; the granted environment variables and nothing else;
 //!   no arguments, no sockets, no name lookups, no stdin.
+//! - Network: `wasi:http` only, through the sandbox's [`Egress`], closed
+//!   until the call itself opens it (see `egress`).
 //! - Output: stdout and stderr are captured up to a cap, the rest dropped
 //!   (never failed, so a flood does not crash the guest), and written to the
 //!   host's log tagged with the plugin's name when the sandbox ends.
@@ -34,13 +36,15 @@ use wasmtime_wasi::filesystem::{Descriptor, Dir};
 use wasmtime_wasi::p2::bindings::filesystem::preopens;
 use wasmtime_wasi::p2::{OutputStream, Pollable, StreamResult};
 use wasmtime_wasi::{FsPerms, OpenMode, WasiCtx, WasiCtxBuilder, WasiCtxView, WasiView};
+use wasmtime_wasi_http::{WasiHttpCtx, WasiHttpCtxView, WasiHttpView};
 use wasmtime_wasi_io::bytes::Bytes;
 
 use crate::contract::WORKSPACE_MOUNT;
 use crate::limits::{LimitKind, Limits, human_bytes, units};
 use crate::load::bindings::{Guest, GuestPre, LogLevel, log_level_of_v0_2, v0_2, v0_3};
+use crate::load::egress::{Egress, Scrubber};
 use crate::load::grants::{Access, PluginGrant};
-use crate::tool::{CallError, ProgressSink};
+use crate::tool::{CallError, ProgressSink, RefusalSink};
 
 /// How often the engine's epoch advances: the granularity of deadlines, and
 /// how often a long-running guest yields to let other calls on its thread
@@ -210,6 +214,10 @@ impl preopens::Host for &mut SandboxState {
 /// The data of one sandbox's store.
 pub struct SandboxState {
     wasi: WasiCtx,
+    http: WasiHttpCtx,
+    egress: Egress,
+    /// The plugin's secrets, masked in what the guest reports.
+    scrubber: Scrubber,
     table: ResourceTable,
     mounts: Arc<Mounts>,
     grant: Grant,
@@ -227,6 +235,13 @@ pub struct SandboxState {
 impl WasiView for SandboxState {
     fn ctx(&mut self) -> WasiCtxView<'_> {
         WasiCtxView { ctx: &mut self.wasi, table: &mut self.table }
+    }
+}
+
+impl WasiHttpView for SandboxState {
+    fn http(&mut self) -> WasiHttpCtxView<'_> {
+        self.egress.deadline = self.deadline;
+        WasiHttpCtxView { ctx: &mut self.http, table: &mut self.table, hooks: &mut self.egress }
     }
 }
 
@@ -250,7 +265,8 @@ impl v0_3::keel::tool::host::Host for SandboxState {
         if self.progress.is_none() || !self.within_report_budget(data.len()) {
             return;
         }
-        let data = truncate(data, MAX_REPORT_BYTES);
+        let mut data = truncate(data, MAX_REPORT_BYTES);
+        self.scrubber.scrub(&mut data);
         // A guest that sends something other than JSON still reports progress.
         let value = serde_json::from_str(&data).unwrap_or(Value::String(data));
         if let Some(sink) = &self.progress {
@@ -262,7 +278,8 @@ impl v0_3::keel::tool::host::Host for SandboxState {
         if !self.within_report_budget(message.len()) {
             return;
         }
-        let message = truncate(message, MAX_REPORT_BYTES);
+        let mut message = truncate(message, MAX_REPORT_BYTES);
+        self.scrubber.scrub(&mut message);
         let plugin = &*self.plugin;
         match level {
             LogLevel::Trace => tracing::trace!(plugin, "{message}"),
@@ -285,15 +302,20 @@ impl SandboxState {
     /// [`SandboxState::bare`], with `mounts` read-only.
     pub(crate) fn bare_in(mounts: Arc<Mounts>) -> Self {
         let capture = Capture::new(0);
+        let plugin: Arc<str> = Arc::from("floor");
+        let deadline = Instant::now() + Duration::from_secs(3600);
         SandboxState {
             wasi: WasiCtxBuilder::new().build(),
+            http: WasiHttpCtx::new(),
+            egress: Egress::new(Arc::default(), &Limits::default(), plugin.clone(), deadline),
+            scrubber: Scrubber::default(),
             table: ResourceTable::new(),
             mounts,
             grant: Grant::ReadOnly,
             limiter: CallLimiter { memory: usize::MAX, table_elements: usize::MAX, hit: None },
-            plugin: Arc::from("floor"),
+            plugin,
             progress: None,
-            deadline: Instant::now() + Duration::from_secs(3600),
+            deadline,
             deadline_limit: Duration::from_secs(3600),
             fuel_limit: FuelLimit { kind: LimitKind::Fuel, fuel: u64::MAX },
             stdout: capture.clone(),
@@ -321,17 +343,19 @@ impl SandboxState {
 
     /// Write what the guest printed to the host's log, tagged with the plugin.
     fn log_output(&self) {
-        log_captured(&self.plugin, "stdout", &self.stdout);
-        log_captured(&self.plugin, "stderr", &self.stderr);
+        log_captured(&self.plugin, "stdout", &self.stdout, &self.scrubber);
+        log_captured(&self.plugin, "stderr", &self.stderr, &self.scrubber);
     }
 }
 
 /// Write what `capture` holds to the host's log as one line tagged with the
-/// plugin and the stream, and warn of what was dropped; empty it.
-fn log_captured(plugin: &str, stream: &str, capture: &Capture) {
+/// plugin and the stream, secrets masked, and warn of what was dropped;
+/// empty it.
+fn log_captured(plugin: &str, stream: &str, capture: &Capture, scrubber: &Scrubber) {
     let (bytes, dropped) = capture.take();
     if !bytes.is_empty() {
-        let text = String::from_utf8_lossy(&bytes);
+        let mut text = String::from_utf8_lossy(&bytes).into_owned();
+        scrubber.scrub(&mut text);
         tracing::info!(plugin, stream, "{}", text.trim_end());
     }
     if dropped > 0 {
@@ -532,8 +556,13 @@ impl Sandbox {
         let wasi = wasi_ctx(capabilities, &stdout, &stderr);
         let mut table = ResourceTable::new();
         table.set_max_capacity(limits.resources);
+        let egress =
+            Egress::new(capabilities.network.clone(), limits, plugin.clone(), started + QUERY_DEADLINE);
         let state = SandboxState {
             wasi,
+            http: WasiHttpCtx::new(),
+            scrubber: egress.scrubber(),
+            egress,
             table,
             mounts: mounts.clone(),
             grant,
@@ -621,6 +650,22 @@ impl Sandbox {
             kind: LimitKind::Deadline,
             value: format!("{:?}", self.store.data().deadline_limit),
         }
+    }
+
+    /// Open the network for the call, as far as the plugin's grant and the
+    /// call's `is-open-world` answer allow; questions never get it.
+    pub fn open_network(&mut self, open_world: bool) {
+        self.store.data_mut().egress.open(open_world);
+    }
+
+    /// Report the requests the network refuses to `sink`.
+    pub fn report_refusals_to(&mut self, sink: RefusalSink) {
+        self.store.data_mut().egress.report_refusals_to(sink);
+    }
+
+    /// The plugin's secrets, to mask in what the call hands back.
+    pub fn scrubber(&self) -> &Scrubber {
+        &self.store.data().scrubber
     }
 
     /// Send the guest's progress reports to `sink`.
@@ -717,7 +762,9 @@ fn with_panic_message(reason: String, state: &SandboxState) -> String {
     match stderr.lines().position(|line| line.contains("panicked at")) {
         Some(start) => {
             let panic: Vec<&str> = stderr.lines().skip(start).take(2).collect();
-            format!("{reason}: {}", panic.join(" "))
+            let mut message = format!("{reason}: {}", panic.join(" "));
+            state.scrubber.scrub(&mut message);
+            message
         }
         None => reason,
     }
@@ -764,7 +811,9 @@ mod tests {
             .finish();
         let capture = Capture::new(8);
         capture.push(b"hello, host\n");
-        tracing::subscriber::with_default(subscriber, || log_captured("grep", "stdout", &capture));
+        tracing::subscriber::with_default(subscriber, || {
+            log_captured("grep", "stdout", &capture, &Scrubber::default())
+        });
         let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
         assert_eq!(
             text,

@@ -657,12 +657,23 @@ async fn run_one(
         tool: call.name().to_owned(),
         activity,
     });
-    let progress_events = events.clone();
-    let progress_id = id.clone();
+    let (progress_events, progress_id) = (events.clone(), id.clone());
+    let (refusal_events, refusal_id) = (events.clone(), id.clone());
     let cx = CallContext {
         context,
         progress: Arc::new(move |data| {
             emit(&progress_events, Event::Progress { tool_use_id: progress_id.clone(), data });
+        }),
+        refused: Arc::new(move |refusal| {
+            emit(
+                &refusal_events,
+                Event::NetworkRefused {
+                    tool_use_id: refusal_id.clone(),
+                    method: refusal.method.clone(),
+                    url: refusal.url.clone(),
+                    reason: refusal.reason.clone(),
+                },
+            );
         }),
     };
     let (result, modifier) = call.run(pool, cx, interrupt).await;

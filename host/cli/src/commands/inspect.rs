@@ -381,7 +381,16 @@ fn grant_lines(grant: &PluginGrant) -> Vec<String> {
     }
     let env: Vec<&str> = grant.env.iter().map(|(name, _)| name.as_str()).collect();
     lines.push(format!("environment {}", if env.is_empty() { "(none)".into() } else { env.join(", ") }));
-    lines.push("network     none".into());
+    let network: Vec<String> = grant.network.rules().iter().map(ToString::to_string).collect();
+    lines
+        .push(format!("network     {}", if network.is_empty() { "none".into() } else { network.join(", ") }));
+    for secret in grant.network.secrets() {
+        lines.push(format!(
+            "secret      {} header for {}, added by the host",
+            secret.header(),
+            secret.origin()
+        ));
+    }
     let trusted = if grant.trusted {
         "yes: a max-result-size of none is honoured"
     } else {
@@ -405,7 +414,11 @@ fn grant_json(grant: &PluginGrant) -> Value {
             "access": access(dir.access),
         })).collect::<Vec<_>>(),
         "env": grant.env.iter().map(|(name, _)| name.as_str()).collect::<Vec<_>>(),
-        "network": false,
+        "network": grant.network.rules().iter().map(ToString::to_string).collect::<Vec<_>>(),
+        "secrets": grant.network.secrets().iter().map(|secret| json!({
+            "origin": secret.origin().to_string(),
+            "header": secret.header().as_str(),
+        })).collect::<Vec<_>>(),
         "trusted": grant.trusted,
     })
 }

@@ -149,6 +149,11 @@ impl LiveProgress {
                     bar.set_message(data.to_string());
                 }
             }
+            Event::NetworkRefused { tool_use_id, method, url, reason } => {
+                if let Some(bar) = running.get(tool_use_id) {
+                    bar.println(format!("refused {method} {url}: {reason}"));
+                }
+            }
             Event::CallFinished { tool_use_id, is_error } => {
                 if let Some(bar) = running.remove(tool_use_id) {
                     bar.finish_with_message(if *is_error { "failed" } else { "done" });

@@ -244,8 +244,9 @@ fn mcp_tool(spec: &ToolSpec, grants: &Grants) -> rmcp::model::Tool {
 }
 
 /// Hints that hold for every call of the tool because the sandbox enforces
-/// them, not because the tool claims them: a plugin has no network, so its
-/// world is closed; a plugin granted no write access anywhere is read-only.
+/// them, not because the tool claims them: a plugin without a network grant
+/// has a closed world, and one with a grant is open-world; a plugin granted
+/// no write access anywhere is read-only.
 /// What a tool says about one input (`plan`, `is-destructive`, …)
 /// has no place here: MCP hints are per tool, and when left out MCP assumes
 /// the conservative answer, as keel does.
@@ -254,7 +255,7 @@ fn annotations(spec: &ToolSpec, grants: &Grants) -> Option<ToolAnnotations> {
     let grant = grants.for_tool(&spec.name);
     let writes = grant.workspace_access == Access::ReadWrite
         || grant.dirs.iter().any(|dir| dir.access == Access::ReadWrite);
-    let annotations = ToolAnnotations::new().open_world(false);
+    let annotations = ToolAnnotations::new().open_world(!grant.network.is_empty());
     Some(if writes { annotations } else { annotations.read_only(true) })
 }
 

@@ -275,7 +275,7 @@ mod tests {
         runtime.block_on(async {
             let context = Arc::new(json!({ "cwd": "/workspace" }));
             let call = tool.invoke(input, context.clone()).await.unwrap();
-            call.call(CallContext { context, progress: Arc::new(|_| {}) }).await
+            call.call(CallContext::shared(context)).await
         })
     }
 

@@ -1,0 +1,756 @@
+//! The one path a guest's HTTP request takes out of its sandbox.
+//!
+//! wasmtime-wasi-http is built without its own sender, so every request a
+//! guest makes through `wasi:http/outgoing-handler` reaches [`Egress`], the
+//! sandbox's hook, and nothing else. Before anything is sent it checks, in
+//! order: that this sandbox may use the network at all (the call's, never a
+//! question's, and only when its `is-open-world` answer is true); the method;
+//! the URL against the plugin's [`NetworkGrant`]; the Host header against the
+//! URL; and the call's request and connection caps. It then resolves the
+//! name itself, keeps only the addresses the grant allows (see `network`),
+//! connects to one of those and nothing else, speaks TLS with the bundled
+//! Mozilla roots, and HTTP/1.1 or HTTP/2 as ALPN decides. The secrets of the
+//! request's origin are added as it leaves; their values are masked in
+//! everything that comes back. Bodies both ways count against the call's
+//! byte caps, and every wait is cut to the call's deadline.
+//!
+//! A refusal reaches the guest as `error-code.internal-error` with the
+//! reason, and is reported to the call's refusal sink and the host's log.
+
+use std::net::{IpAddr, SocketAddr};
+use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::task::{Context, Poll, ready};
+use std::time::{Duration, Instant};
+
+use bytes::{Bytes, BytesMut};
+use http::{HeaderValue, Method, Request, Response, header};
+use http_body::{Body, Frame, SizeHint};
+use http_body_util::BodyExt;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::net::TcpStream;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
+
+use crate::limits::{LimitKind, Limits, human_bytes};
+use crate::load::network::{Host, NetworkGrant, Scheme, Target};
+use crate::tool::{NetworkRefusal, RefusalSink};
+
+/// The methods a guest may use. `CONNECT` would open a tunnel past every
+/// check, and `TRACE` echoes the request back, secrets included.
+const METHODS: &[Method] =
+    &[Method::GET, Method::HEAD, Method::POST, Method::PUT, Method::PATCH, Method::DELETE, Method::OPTIONS];
+
+/// What the guest gets in place of a secret a server echoed back: the same
+/// number of bytes, so lengths the server declared still hold.
+const MASK: u8 = b'*';
+
+/// How long before the call's deadline every network wait ends, so that the
+/// guest hears why and can still report it within its deadline.
+pub const DEADLINE_RESERVE: Duration = Duration::from_millis(250);
+
+type SendFuture = Box<dyn Future<Output = Result<(Response<WasiBody>, IoFuture), HttpError>> + Send>;
+type IoFuture = Box<dyn Future<Output = Result<(), HttpError>> + Send>;
+
+/// What one call has used of its network limits, shared by its requests.
+struct Usage {
+    requests: AtomicUsize,
+    sent: AtomicUsize,
+    received: AtomicUsize,
+    connections: Arc<Semaphore>,
+}
+
+/// One sandbox's network: closed unless [`Egress::open`] opened it.
+pub(crate) struct Egress {
+    grant: Arc<NetworkGrant>,
+    limits: Limits,
+    plugin: Arc<str>,
+    /// Why requests are refused now, or `None` when they may go.
+    closed: Option<&'static str>,
+    /// The call's deadline: no wait outlasts it.
+    pub(crate) deadline: Instant,
+    usage: Arc<Usage>,
+    refused: Option<RefusalSink>,
+}
+
+/// Why a sandbox that was never opened refuses every request.
+const QUESTION: &str = "a tool's questions never get the network; only its call may, with a network grant";
+
+impl Egress {
+    /// A closed network for a sandbox of `plugin`, whose grant is `grant`.
+    pub(crate) fn new(
+        grant: Arc<NetworkGrant>,
+        limits: &Limits,
+        plugin: Arc<str>,
+        deadline: Instant,
+    ) -> Self {
+        Egress {
+            usage: Arc::new(Usage {
+                requests: AtomicUsize::new(0),
+                sent: AtomicUsize::new(0),
+                received: AtomicUsize::new(0),
+                connections: Arc::new(Semaphore::new(limits.network_connections)),
+            }),
+            grant,
+            limits: *limits,
+            plugin,
+            closed: Some(QUESTION),
+            deadline,
+            refused: None,
+        }
+    }
+
+    /// Open the network for the call, when the plugin has a grant and the
+    /// call claimed to reach the world outside; else say why it stays shut.
+    pub(crate) fn open(&mut self, open_world: bool) {
+        self.closed = if self.grant.is_empty() {
+            Some("the plugin has no network grant")
+        } else if !open_world {
+            Some("the call answered that it is not open-world (is-open-world), so it gets no network")
+        } else {
+            None
+        };
+    }
+
+    /// Send refusals to `sink` as well as to the log.
+    pub(crate) fn report_refusals_to(&mut self, sink: RefusalSink) {
+        self.refused = Some(sink);
+    }
+
+    /// The masks of every secret of the plugin, for what leaves the sandbox.
+    pub(crate) fn scrubber(&self) -> Scrubber {
+        Scrubber::new(&self.grant)
+    }
+
+    /// Check `request` and take its share of the limits; on refusal, the
+    /// reason.
+    fn admit(&self, request: &Request<WasiBody>) -> Result<(Target, OwnedSemaphorePermit), String> {
+        if let Some(reason) = self.closed {
+            return Err(reason.to_owned());
+        }
+        if !METHODS.contains(request.method()) {
+            return Err(format!("the {} method is not allowed", request.method()));
+        }
+        let target = target_of(request)?;
+        let rule = self.grant.allows(&target)?;
+        tracing::trace!(plugin = &*self.plugin, %rule, "network request admitted");
+        let used = self.usage.requests.fetch_add(1, Ordering::Relaxed);
+        if used >= self.limits.network_requests {
+            return Err(limit_hit(&self.limits, LimitKind::NetworkRequests));
+        }
+        let permit = self
+            .usage
+            .connections
+            .clone()
+            .try_acquire_owned()
+            .map_err(|_| limit_hit(&self.limits, LimitKind::NetworkConnections))?;
+        Ok((target, permit))
+    }
+}
+
+/// The guest-visible error of a request refused for `reason`.
+fn refusal_error(reason: String) -> HttpError {
+    HttpError::InternalError(Some(reason))
+}
+
+fn limit_hit(limits: &Limits, kind: LimitKind) -> String {
+    format!("{kind} of {} reached", limits.value_of(kind))
+}
+
+/// Report a refusal to the log and the call's sink.
+fn report(plugin: &str, sink: Option<&RefusalSink>, method: &Method, url: &str, reason: &str) {
+    tracing::warn!(plugin, %method, url, "network request refused: {reason}");
+    if let Some(sink) = sink {
+        sink(&NetworkRefusal { method: method.to_string(), url: url.to_owned(), reason: reason.to_owned() });
+    }
+}
+
+/// The target of a request, from its URL, checked against its Host header.
+fn target_of(request: &Request<WasiBody>) -> Result<Target, String> {
+    let uri = request.uri();
+    let scheme = match uri.scheme_str().and_then(Scheme::parse) {
+        Some(scheme) => scheme,
+        None => return Err(format!("the scheme of {uri} is not http or https")),
+    };
+    let Some(authority) = uri.authority() else { return Err(format!("{uri} has no host")) };
+    if authority.as_str().contains('@') {
+        return Err(format!("{uri} carries user info, which keel does not send"));
+    }
+    let Some(host) = Host::parse(authority.host()) else {
+        return Err(format!("the host of {uri} is not a name or an address"));
+    };
+    let port = authority.port_u16().unwrap_or(scheme.default_port());
+    let mut hosts = request.headers().get_all(header::HOST).iter();
+    if let Some(value) = hosts.next()
+        && (hosts.next().is_some() || !value.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()))
+    {
+        return Err(format!("its Host header disagrees with the URL's authority {authority}"));
+    }
+    Ok(Target { scheme, host, port })
+}
+
+impl WasiHttpHooks for Egress {
+    fn send_request(
+        &mut self,
+        mut request: Request<WasiBody>,
+        _options: Option<RequestOptions>,
+        _fut: Box<dyn Future<Output = Result<(), HttpError>> + Send>,
+    ) -> SendFuture {
+        let url = request.uri().to_string();
+        let method = request.method().clone();
+        let (target, permit) = match self.admit(&request) {
+            Ok(admitted) => admitted,
+            Err(reason) => {
+                report(&self.plugin, self.refused.as_ref(), &method, &url, &reason);
+                return Box::new(async move { Err(refusal_error(reason)) });
+            }
+        };
+        let headers = request.headers_mut();
+        let mut secrets = false;
+        for secret in self.grant.secrets_for(&target) {
+            headers.insert(secret.header().clone(), secret.value().clone());
+            secrets = true;
+        }
+        if secrets {
+            // A compressed echo would slip past the masks.
+            headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
+        }
+        let trip = Trip {
+            grant: self.grant.clone(),
+            limits: self.limits,
+            usage: self.usage.clone(),
+            deadline: self.deadline,
+            plugin: self.plugin.clone(),
+            refused: self.refused.clone(),
+            scrubber: Scrubber::new(&self.grant),
+            method,
+            url,
+            target,
+        };
+        Box::new(trip.send(request, permit))
+    }
+}
+
+/// One admitted request, on its way.
+struct Trip {
+    grant: Arc<NetworkGrant>,
+    limits: Limits,
+    usage: Arc<Usage>,
+    deadline: Instant,
+    plugin: Arc<str>,
+    refused: Option<RefusalSink>,
+    scrubber: Scrubber,
+    method: Method,
+    url: String,
+    target: Target,
+}
+
+/// A stream the request may go over: TCP, or TLS over it.
+trait Stream: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static> Stream for T {}
+
+impl Trip {
+    /// How long a wait of at most `limit` may last: never past the
+    /// deadline, less [`DEADLINE_RESERVE`].
+    fn wait(&self, limit: Duration) -> Duration {
+        limit.min(until_reserve(self.deadline))
+    }
+
+    fn refuse(&self, reason: String) -> HttpError {
+        report(&self.plugin, self.refused.as_ref(), &self.method, &self.url, &reason);
+        refusal_error(reason)
+    }
+
+    async fn send(
+        self,
+        mut request: Request<WasiBody>,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<(Response<WasiBody>, IoFuture), HttpError> {
+        let connect_limit = self.wait(self.limits.network_connect);
+        let connected = tokio::time::timeout(connect_limit, self.connect()).await;
+        let (stream, h2) = match connected {
+            Ok(connected) => connected?,
+            Err(_) => return Err(self.timeout(LimitKind::NetworkConnect, connect_limit)),
+        };
+        let sent = Counted {
+            inner: std::mem::replace(request.body_mut(), empty_body()),
+            usage: self.usage.clone(),
+            cap: self.limits.network_sent,
+            direction: Direction::Sent,
+        };
+        let request = request.map(|_| sent);
+        let response_limit = self.wait(self.limits.network_response);
+        let (response, io): (Response<hyper::body::Incoming>, IoFuture) = if h2 {
+            let (mut sender, connection) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                    .await
+                    .map_err(HttpError::from)?;
+            let io = Box::new(async move {
+                let _permit = permit;
+                connection.await.map_err(HttpError::from)
+            });
+            let mut request = request;
+            request.headers_mut().remove(header::HOST);
+            let response = tokio::time::timeout(response_limit, sender.send_request(request)).await;
+            (self.answered(response, response_limit)?, io as IoFuture)
+        } else {
+            let (mut sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(HttpError::from)?;
+            let mut request = request;
+            // The request line carries the path; the authority went in Host.
+            *request.uri_mut() = request.uri().path_and_query().map_or_else(
+                || http::Uri::from_static("/"),
+                |path| path.as_str().parse().expect("a valid path"),
+            );
+            let mut connection = Box::pin(connection);
+            let response = {
+                let send = tokio::time::timeout(response_limit, sender.send_request(request));
+                let mut send = std::pin::pin!(send);
+                // Drive the connection while waiting for the response.
+                std::future::poll_fn(|cx| {
+                    if let Poll::Ready(response) = send.as_mut().poll(cx) {
+                        return Poll::Ready(response);
+                    }
+                    if let Poll::Ready(Err(error)) = connection.as_mut().poll(cx) {
+                        return Poll::Ready(Ok(Err(error)));
+                    }
+                    Poll::Pending
+                })
+                .await
+            };
+            let io = Box::new(async move {
+                let _permit = permit;
+                connection.await.map_err(HttpError::from)
+            });
+            (self.answered(response, response_limit)?, io as IoFuture)
+        };
+        let (mut parts, body) = response.into_parts();
+        if self.scrubber.is_active() {
+            for value in parts.headers.values_mut() {
+                if let Some(masked) = self.scrubber.masked(value.as_bytes()) {
+                    *value = HeaderValue::from_bytes(&masked).expect("masking keeps a header value valid");
+                }
+            }
+        }
+        let stall = self.limits.network_response;
+        let received = Received {
+            inner: Counted {
+                inner: body.map_err(HttpError::from),
+                usage: self.usage.clone(),
+                cap: self.limits.network_received,
+                direction: Direction::Received,
+            },
+            stall,
+            deadline: self.deadline,
+            timer: None,
+            scrub: self.scrubber.stream(),
+            ended: false,
+        };
+        Ok((Response::from_parts(parts, received.boxed_unsync()), io))
+    }
+
+    /// A response, or the error of one that failed or took too long.
+    fn answered(
+        &self,
+        response: Result<hyper::Result<Response<hyper::body::Incoming>>, tokio::time::error::Elapsed>,
+        limit: Duration,
+    ) -> Result<Response<hyper::body::Incoming>, HttpError> {
+        match response {
+            Ok(Ok(response)) => Ok(response),
+            Ok(Err(error)) => Err(body_error(error).unwrap_or_else(HttpError::from)),
+            Err(_) => Err(self.timeout(LimitKind::NetworkResponse, limit)),
+        }
+    }
+
+    /// The error of a wait cut at `waited`: the limit's, or the deadline's
+    /// when that came first.
+    fn timeout(&self, kind: LimitKind, waited: Duration) -> HttpError {
+        let reason = if waited < self.limits_of(kind) {
+            format!("{} gave up: the call's deadline is near", self.url)
+        } else {
+            format!("{} gave up: {kind} of {} reached", self.url, self.limits.value_of(kind))
+        };
+        tracing::warn!(plugin = &*self.plugin, url = %self.url, "{reason}");
+        refusal_error(reason)
+    }
+
+    fn limits_of(&self, kind: LimitKind) -> Duration {
+        match kind {
+            LimitKind::NetworkConnect => self.limits.network_connect,
+            _ => self.limits.network_response,
+        }
+    }
+
+    /// Resolve, judge every address, and connect to an allowed one: the
+    /// stream, and whether it speaks HTTP/2.
+    async fn connect(&self) -> Result<(Box<dyn Stream>, bool), HttpError> {
+        let port = self.target.port;
+        let addresses: Vec<IpAddr> = match &self.target.host {
+            Host::Addr(addr) => vec![*addr],
+            Host::Name(name) => match tokio::net::lookup_host((name.as_str(), port)).await {
+                Ok(found) => found.map(|addr| addr.ip()).collect(),
+                Err(error) => {
+                    return Err(HttpError::DnsError {
+                        rcode: Some(format!("{name}: {error}")),
+                        info_code: None,
+                    });
+                }
+            },
+        };
+        let mut allowed = Vec::new();
+        let mut refused = None;
+        for addr in addresses {
+            match self.grant.allows_address(&self.target, addr) {
+                Ok(()) => allowed.push(addr),
+                Err(reason) => refused = refused.or(Some(reason)),
+            }
+        }
+        if allowed.is_empty() {
+            let reason = refused.unwrap_or_else(|| format!("{} resolves to no address", self.target.host));
+            return Err(self.refuse(reason));
+        }
+        let mut last_error = None;
+        let mut tcp = None;
+        for addr in allowed {
+            match TcpStream::connect(SocketAddr::new(addr, port)).await {
+                Ok(stream) => {
+                    tcp = Some(stream);
+                    break;
+                }
+                Err(error) => last_error = Some(error),
+            }
+        }
+        let Some(tcp) = tcp else {
+            return Err(HttpError::Connect(last_error.expect("an address was tried")));
+        };
+        let _ = tcp.set_nodelay(true);
+        if self.target.scheme == Scheme::Http {
+            return Ok((Box::new(tcp), false));
+        }
+        let server_name = match &self.target.host {
+            Host::Addr(addr) => rustls::pki_types::ServerName::IpAddress((*addr).into()),
+            Host::Name(name) => rustls::pki_types::ServerName::try_from(name.clone())
+                .map_err(|_| HttpError::InternalError(Some(format!("{name} is no TLS server name"))))?,
+        };
+        let tls = tokio_rustls::TlsConnector::from(tls_config())
+            .connect(server_name, tcp)
+            .await
+            .map_err(HttpError::Tls)?;
+        let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
+        Ok((Box::new(tls), h2))
+    }
+}
+
+/// A hyper error whose source is one of keel's own body errors (a byte cap
+/// hit while sending): that error, which names the limit.
+fn body_error(error: hyper::Error) -> Result<HttpError, hyper::Error> {
+    use std::error::Error as _;
+    let reason =
+        error.source().and_then(|source| source.downcast_ref::<HttpError>()).and_then(|inner| match inner {
+            HttpError::InternalError(reason) => reason.clone(),
+            _ => None,
+        });
+    match reason {
+        Some(reason) => Ok(HttpError::InternalError(Some(reason))),
+        None => Err(error),
+    }
+}
+
+/// The TLS client set-up, made once: the bundled Mozilla roots, so a
+/// request verifies the same way on every machine, and ALPN offering
+/// HTTP/2 then HTTP/1.1.
+fn tls_config() -> Arc<rustls::ClientConfig> {
+    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
+    CONFIG
+        .get_or_init(|| {
+            let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.into() };
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            let mut config = rustls::ClientConfig::builder_with_provider(provider)
+                .with_safe_default_protocol_versions()
+                .expect("ring supports the default protocol versions")
+                .with_root_certificates(roots)
+                .with_no_client_auth();
+            config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+            Arc::new(config)
+        })
+        .clone()
+}
+
+/// The time from now to [`DEADLINE_RESERVE`] before `deadline`.
+fn until_reserve(deadline: Instant) -> Duration {
+    deadline.saturating_duration_since(Instant::now()).saturating_sub(DEADLINE_RESERVE)
+}
+
+fn empty_body() -> WasiBody {
+    http_body_util::Empty::new().map_err(|never| match never {}).boxed_unsync()
+}
+
+#[derive(Clone, Copy)]
+enum Direction {
+    Sent,
+    Received,
+}
+
+/// A body whose data counts against one of the call's byte caps.
+struct Counted<B> {
+    inner: B,
+    usage: Arc<Usage>,
+    cap: usize,
+    direction: Direction,
+}
+
+impl<B: Body<Data = Bytes, Error = HttpError> + Unpin> Body for Counted<B> {
+    type Data = Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
+        let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
+        if let Some(Ok(frame)) = &frame
+            && let Some(data) = frame.data_ref()
+        {
+            let (counter, kind) = match self.direction {
+                Direction::Sent => (&self.usage.sent, LimitKind::NetworkSent),
+                Direction::Received => (&self.usage.received, LimitKind::NetworkReceived),
+            };
+            let total = counter.fetch_add(data.len(), Ordering::Relaxed) + data.len();
+            if total > self.cap {
+                let reason = format!("{kind} of {} reached", human_bytes(self.cap));
+                return Poll::Ready(Some(Err(refusal_error(reason))));
+            }
+        }
+        Poll::Ready(frame)
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.inner.is_end_stream()
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// A response body as the guest reads it: counted, given up when it stalls
+/// past the response limit or the deadline, and with secrets masked.
+struct Received<B> {
+    inner: Counted<B>,
+    stall: Duration,
+    deadline: Instant,
+    timer: Option<Pin<Box<tokio::time::Sleep>>>,
+    scrub: Option<ScrubStream>,
+    ended: bool,
+}
+
+impl<B: Body<Data = Bytes, Error = HttpError> + Unpin> Body for Received<B> {
+    type Data = Bytes;
+    type Error = HttpError;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
+        let this = &mut *self;
+        loop {
+            if this.ended {
+                return Poll::Ready(
+                    this.scrub.as_mut().and_then(ScrubStream::finish).map(|rest| Ok(Frame::data(rest))),
+                );
+            }
+            match Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Ready(frame) => {
+                    this.timer = None;
+                    match frame {
+                        None => this.ended = true,
+                        Some(Ok(frame)) => match (&mut this.scrub, frame.into_data()) {
+                            (Some(scrub), Ok(data)) => {
+                                if let Some(out) = scrub.push(&data) {
+                                    return Poll::Ready(Some(Ok(Frame::data(out))));
+                                }
+                            }
+                            (None, Ok(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
+                            (scrub, Err(frame)) => {
+                                // Trailers end the body: what is held back goes first.
+                                if let Some(rest) = scrub.as_mut().and_then(ScrubStream::finish) {
+                                    this.ended = true;
+                                    return Poll::Ready(Some(Ok(Frame::data(rest))));
+                                }
+                                return Poll::Ready(Some(Ok(frame)));
+                            }
+                        },
+                        Some(Err(error)) => return Poll::Ready(Some(Err(error))),
+                    }
+                }
+                Poll::Pending => {
+                    let (stall, deadline) = (this.stall, this.deadline);
+                    let cut = until_reserve(deadline) < stall;
+                    let timer = this.timer.get_or_insert_with(|| {
+                        let until = Instant::now() + stall.min(until_reserve(deadline));
+                        Box::pin(tokio::time::sleep_until(until.into()))
+                    });
+                    ready!(timer.as_mut().poll(cx));
+                    let reason = if cut {
+                        "the response body stalled, and the call's deadline is near".to_owned()
+                    } else {
+                        format!(
+                            "the response body stalled: {} of {stall:?} reached",
+                            LimitKind::NetworkResponse
+                        )
+                    };
+                    this.ended = true;
+                    this.scrub = None;
+                    return Poll::Ready(Some(Err(refusal_error(reason))));
+                }
+            }
+        }
+    }
+
+    fn size_hint(&self) -> SizeHint {
+        self.inner.size_hint()
+    }
+}
+
+/// The secret values of one plugin, masked wherever they would reach the
+/// guest or leave the sandbox.
+#[derive(Clone, Default)]
+pub(crate) struct Scrubber {
+    hidden: Arc<[Vec<u8>]>,
+}
+
+impl Scrubber {
+    fn new(grant: &NetworkGrant) -> Self {
+        let mut hidden: Vec<Vec<u8>> =
+            grant.secrets().iter().flat_map(|secret| secret.hidden().iter().cloned()).collect();
+        hidden.sort_by_key(|piece| std::cmp::Reverse(piece.len()));
+        hidden.dedup();
+        Scrubber { hidden: hidden.into() }
+    }
+
+    /// Whether there is anything to mask.
+    pub(crate) fn is_active(&self) -> bool {
+        !self.hidden.is_empty()
+    }
+
+    /// `bytes` with every secret masked, or `None` when none is in it.
+    pub(crate) fn masked(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        let mut out: Option<Vec<u8>> = None;
+        for piece in self.hidden.iter() {
+            let current = out.as_deref().unwrap_or(bytes);
+            let mut at = 0;
+            let mut found = Vec::new();
+            while let Some(offset) = find(&current[at..], piece) {
+                found.push(at + offset);
+                at += offset + piece.len();
+            }
+            if !found.is_empty() {
+                let mut owned = current.to_vec();
+                for start in found {
+                    owned[start..start + piece.len()].fill(MASK);
+                }
+                out = Some(owned);
+            }
+        }
+        out
+    }
+
+    /// `text` with every secret masked, in place.
+    pub(crate) fn scrub(&self, text: &mut String) {
+        if let Some(masked) = self.masked(text.as_bytes()) {
+            // A mask replaces whole byte strings that were valid UTF-8 by
+            // ASCII; when a secret ends inside a character, lossy keeps it text.
+            *text = String::from_utf8(masked)
+                .unwrap_or_else(|error| String::from_utf8_lossy(error.as_bytes()).into_owned());
+        }
+    }
+
+    fn stream(&self) -> Option<ScrubStream> {
+        let longest = self.hidden.first()?.len();
+        Some(ScrubStream { scrubber: self.clone(), held: BytesMut::new(), keep: longest - 1 })
+    }
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    if needle.is_empty() || haystack.len() < needle.len() {
+        return None;
+    }
+    haystack.windows(needle.len()).position(|window| window == needle)
+}
+
+/// Masks secrets in a body that arrives in chunks: the last `keep` bytes
+/// are held back until the next chunk, so a secret split across two is
+/// still whole when it is looked for.
+struct ScrubStream {
+    scrubber: Scrubber,
+    held: BytesMut,
+    keep: usize,
+}
+
+impl ScrubStream {
+    /// Take a chunk; what can be released safely, if anything.
+    fn push(&mut self, data: &[u8]) -> Option<Bytes> {
+        self.held.extend_from_slice(data);
+        if let Some(masked) = self.scrubber.masked(&self.held) {
+            self.held = BytesMut::from(&masked[..]);
+        }
+        let release = self.held.len().saturating_sub(self.keep);
+        (release > 0).then(|| self.held.split_to(release).freeze())
+    }
+
+    /// The end of the body: the rest.
+    fn finish(&mut self) -> Option<Bytes> {
+        (!self.held.is_empty()).then(|| self.held.split().freeze())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::load::network::SecretConfig;
+
+    fn scrubber(values: &[&str]) -> Scrubber {
+        let secrets: Vec<(String, SecretConfig)> = values
+            .iter()
+            .enumerate()
+            .map(|(i, value)| {
+                (
+                    format!("https://s{i}.example.org"),
+                    SecretConfig { header: "x-key".into(), value: (*value).into() },
+                )
+            })
+            .collect();
+        let grant = NetworkGrant::parse(&["https://*.example.org".into()], &secrets, |_| None).unwrap();
+        Scrubber::new(&grant)
+    }
+
+    #[test]
+    fn secrets_are_masked_with_their_length_kept() {
+        let scrubber = scrubber(&["hunter22", "s3cr3t-value"]);
+        assert_eq!(scrubber.masked(b"nothing here"), None);
+        assert_eq!(scrubber.masked(b"a hunter22 b hunter22").unwrap(), b"a ******** b ********");
+        let mut text = "key=s3cr3t-value;".to_string();
+        scrubber.scrub(&mut text);
+        assert_eq!(text, "key=************;");
+    }
+
+    #[test]
+    fn a_secret_split_across_chunks_is_still_masked() {
+        let scrubber = scrubber(&["s3cr3t-value"]);
+        let body = b"head s3cr3t-value middle s3cr3t-value tail";
+        for size in 1..body.len() {
+            let mut stream = scrubber.stream().unwrap();
+            let mut out = Vec::new();
+            for chunk in body.chunks(size) {
+                if let Some(part) = stream.push(chunk) {
+                    out.extend_from_slice(&part);
+                }
+            }
+            if let Some(rest) = stream.finish() {
+                out.extend_from_slice(&rest);
+            }
+            assert_eq!(out, b"head ************ middle ************ tail", "chunks of {size}");
+        }
+    }
+}
