@@ -6,7 +6,8 @@ mod guests;
 
 /// The hostile and probing guests the tests load beside the example tools,
 /// with their directories in the workspace: `legacy` is a component of the
-/// previous contract, `rich` hands back images and structured values.
+/// previous contract, `rich` hands back images and structured values, `net`
+/// drives wasi:http, sockets and name lookups directly.
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("keel-guest-trap-queries", "tests/guests/trap-queries"),
     ("keel-guest-probe", "tests/guests/probe"),
@@ -14,6 +15,7 @@ const TEST_GUESTS: &[(&str, &str)] = &[
     ("keel-guest-trap-load", "tests/guests/trap-load"),
     ("keel-guest-legacy", "tests/guests/legacy"),
     ("keel-guest-rich", "tests/guests/rich"),
+    ("keel-guest-net", "tests/guests/net"),
 ];
 
 fn main() {
