@@ -12,6 +12,7 @@ mod grants;
 mod hostile;
 mod load;
 mod malformed;
+mod network;
 mod permissions;
 mod pool;
 mod queries;

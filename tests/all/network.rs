@@ -1,0 +1,467 @@
+//! Outbound HTTP: the `net` guest drives `wasi:http` directly against real
+//! servers on the loopback address, under grants that name them, and tries
+//! every way around the list. Each refusal is a guest-visible error or an
+//! error result; the host and the other calls go on.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use keel_host::config::Config;
+use keel_host::{Event, Host, ToolResult, ToolUse};
+use keel_tests::http_server::{TestServer, percent_encode};
+use serde_json::{Value, json};
+
+use crate::{block_on, events_of, guest, shared_cache};
+
+/// What the grant-reading environment holds: one token, for the secret tests.
+const TOKEN: &str = "tok-7f3a9c1e5b";
+
+fn host(workspace: &Path, config: &str) -> Host {
+    let config = Config::parse(config, Path::new("keel.toml")).unwrap();
+    let builder = Host::builder()
+        .workspace(workspace)
+        .plugins(guest("keel_guest_net"))
+        .config(config)
+        .environment(Arc::new(|name| (name == "NET_TOKEN").then(|| TOKEN.to_string())))
+        .cache_dir(Some(shared_cache()));
+    block_on(builder.build()).unwrap()
+}
+
+/// A grant of `entries` to the `net` tool, and `more` config after it.
+fn grant(entries: &[String], more: &str) -> String {
+    let entries: Vec<String> = entries.iter().map(|entry| format!("{entry:?}")).collect();
+    format!("[plugins.net]\nnetwork = [{}]\n{more}", entries.join(", "))
+}
+
+fn origin(server: &TestServer) -> String {
+    format!("http://127.0.0.1:{}", server.port())
+}
+
+fn get(url: &str) -> Value {
+    json!({ "method": "GET", "url": url })
+}
+
+/// One call of `net` with `input`: its outcome entries, the result, and the
+/// events of the run.
+fn call(host: &Host, input: Value) -> (Vec<Value>, ToolResult, Vec<Event>) {
+    let (events, mut results, _) = events_of(host, vec![ToolUse::new("n", "net", input)]);
+    let result = results.remove(0);
+    assert!(!result.is_error, "the call itself succeeds: {}", result.content);
+    (entries_of(host, &result), result, events)
+}
+
+/// The outcome entries of `net`'s result, read from the file it was
+/// persisted to when it was too large to keep in the message.
+fn entries_of(host: &Host, result: &ToolResult) -> Vec<Value> {
+    let mut text = result.content.text().to_string();
+    if text.starts_with("<persisted-output>") {
+        let path = text.lines().find_map(|line| line.split("saved to: ").nth(1)).expect("a persisted path");
+        text = std::fs::read_to_string(host.workspace().join(path.trim())).unwrap();
+    }
+    serde_json::from_str(&text)
+        .unwrap_or_else(|error| panic!("net's output is a JSON array ({error}): {text}"))
+}
+
+/// [`call`] on a runtime of one thread, with the host's log captured: the
+/// outcome entries, the result, the events and the log text.
+fn call_logged(host: &Host, input: Value) -> (Vec<Value>, ToolResult, Vec<Event>, String) {
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let log = Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::TRACE)
+        .with_ansi(false)
+        .finish();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let (events, mut results) = tracing::subscriber::with_default(subscriber, || {
+        runtime.block_on(async {
+            let mut run =
+                host.start_batch(vec![ToolUse::new("n", "net", input)], keel_host::context::initial());
+            let mut events = Vec::new();
+            while let Some(event) = run.next_event().await {
+                events.push(event);
+            }
+            (events, run.finish().await.results)
+        })
+    });
+    let result = results.remove(0);
+    let entries = entries_of(host, &result);
+    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
+    (entries, result, events, text)
+}
+
+fn status(entry: &Value) -> Option<u64> {
+    entry["status"].as_u64()
+}
+
+fn error(entry: &Value) -> &str {
+    entry["error"].as_str().unwrap_or_else(|| panic!("expected an error, got {entry}"))
+}
+
+fn refusals(events: &[Event]) -> Vec<(String, String)> {
+    events
+        .iter()
+        .filter_map(|event| match event {
+            Event::NetworkRefused { url, reason, .. } => Some((url.clone(), reason.clone())),
+            _ => None,
+        })
+        .collect()
+}
+
+#[test]
+fn requests_are_allowed_and_refused_by_scheme_host_wildcard_and_port() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let port = server.port();
+    let host =
+        host(workspace.path(), &grant(&[origin(&server), format!("http://*.keel.invalid:{port}")], ""));
+    let (entries, _, events) = call(
+        &host,
+        json!({ "requests": [
+            get(&server.url("/hello")),
+            get(&format!("https://127.0.0.1:{port}/hello")),
+            get(&format!("http://127.0.0.1:{}/hello", port.wrapping_add(1).max(1))),
+            get(&format!("http://localhost:{port}/hello")),
+            get(&format!("http://keel.invalid:{port}/hello")),
+            get(&format!("http://api.keel.invalid:{port}/hello")),
+            get(&format!("http://api.keel.invalid:{}/hello", port.wrapping_add(1).max(1))),
+        ]}),
+    );
+    assert_eq!(status(&entries[0]), Some(200), "{}", entries[0]);
+    assert_eq!(entries[0]["body"], "hello from the test server");
+    assert!(
+        error(&entries[1]).contains(&format!("https://127.0.0.1:{port} is not granted")),
+        "{}",
+        entries[1]
+    );
+    assert!(error(&entries[2]).contains("is not granted"), "another port: {}", entries[2]);
+    assert!(
+        error(&entries[3]).contains(&format!("http://localhost:{port} is not granted")),
+        "{}",
+        entries[3]
+    );
+    assert!(error(&entries[4]).contains("is not granted"), "`*.` needs a label in front: {}", entries[4]);
+    // A name the wildcard grants gets as far as resolving it, which fails.
+    assert!(!error(&entries[5]).contains("not granted"), "the wildcard grants it: {}", entries[5]);
+    assert!(error(&entries[6]).contains("is not granted"), "the wildcard's port: {}", entries[6]);
+    let refused: Vec<_> = refusals(&events).into_iter().map(|(url, _)| url).collect();
+    assert_eq!(refused.len(), 5, "each refusal is an event naming its URL: {refused:?}");
+    assert!(refused[0].starts_with("https://127.0.0.1:"), "{refused:?}");
+    assert_eq!(server.requests().len(), 1, "only the granted request reached the server");
+}
+
+#[test]
+fn a_bad_entry_stops_the_host_naming_it() {
+    let workspace = tempfile::tempdir().unwrap();
+    let config =
+        Config::parse(&grant(&["https://api.github.com/repos".into()], ""), Path::new("keel.toml")).unwrap();
+    let error = block_on(Host::builder().workspace(workspace.path()).config(config).cache_dir(None).build())
+        .err()
+        .expect("the host refuses the grant")
+        .to_string();
+    assert_eq!(
+        error,
+        "invalid grant [plugins.\"net\"]: network entry \"https://api.github.com/repos\" has a path; \
+         an entry is scheme://host[:port]"
+    );
+}
+
+#[test]
+fn a_redirect_is_a_response_and_its_next_hop_is_checked_like_any_request() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let elsewhere = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], ""));
+    let target = elsewhere.url("/hello");
+    let (entries, _, events) = call(
+        &host,
+        json!({ "requests": [get(&server.url(&format!("/redirect?to={}", percent_encode(&target)))), get(&target)] }),
+    );
+    assert_eq!(status(&entries[0]), Some(302), "the guest sees the redirect: {}", entries[0]);
+    let location = entries[0]["headers"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|pair| pair[0].as_str().is_some_and(|name| name.eq_ignore_ascii_case("location")))
+        .map(|pair| pair[1].as_str().unwrap().to_string());
+    assert_eq!(location.as_deref(), Some(target.as_str()));
+    assert!(error(&entries[1]).contains("is not granted"), "{}", entries[1]);
+    assert_eq!(refusals(&events)[0].0, target);
+    assert!(elsewhere.requests().is_empty(), "nothing reached the host that was not granted");
+}
+
+#[test]
+fn a_name_granted_is_no_grant_of_the_loopback_address_it_resolves_to() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let port = server.port();
+    let by_name = format!("http://localhost:{port}");
+    let host = host(workspace.path(), &grant(std::slice::from_ref(&by_name), ""));
+    let (entries, _, events) = call(&host, json!({ "requests": [get(&format!("{by_name}/hello"))] }));
+    assert!(
+        error(&entries[0]).contains("localhost resolves to ") && error(&entries[0]).contains("loopback"),
+        "{}",
+        entries[0]
+    );
+    assert!(refusals(&events)[0].1.contains("which no network entry names"), "{:?}", refusals(&events));
+    assert!(server.requests().is_empty());
+
+    // Named as an address too, the same request goes.
+    let host = self::host(workspace.path(), &grant(&[by_name.clone(), origin(&server)], ""));
+    let (entries, _, _) = call(&host, json!({ "requests": [get(&format!("{by_name}/hello"))] }));
+    assert_eq!(status(&entries[0]), Some(200), "{}", entries[0]);
+}
+
+#[test]
+fn cloud_metadata_and_mapped_ipv6_loopback_are_judged_as_what_they_are() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let port = server.port();
+    let host =
+        host(workspace.path(), &grant(&[format!("http://localhost:{port}"), "http://*.internal".into()], ""));
+    let mapped = format!("http://[::ffff:127.0.0.1]:{port}/hello");
+    let (entries, _, _) = call(
+        &host,
+        json!({ "requests": [get("http://169.254.169.254/latest/meta-data/"), get(&mapped), get("http://[::ffff:a9fe:a9fe]/")] }),
+    );
+    for entry in &entries {
+        assert!(error(entry).contains("is not granted"), "{entry}");
+    }
+    assert!(server.requests().is_empty());
+
+    // A grant of the IPv4 loopback address admits its mapped IPv6 form, as
+    // the same address; a grant of everything still does not reach metadata
+    // unless it names the link-local range.
+    let host = self::host(workspace.path(), &grant(&[origin(&server), "http://0.0.0.0/1".into()], ""));
+    let (entries, _, _) = call(&host, json!({ "requests": [get(&mapped), get("http://169.254.169.254/")] }));
+    assert_eq!(status(&entries[0]), Some(200), "judged as 127.0.0.1: {}", entries[0]);
+    assert!(error(&entries[1]).contains("is not granted"), "{}", entries[1]);
+}
+
+#[test]
+fn a_body_past_the_download_cap_fails_naming_the_limit() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], "[limits]\nnetwork_received_mib = 1\n"));
+    let (entries, _, _) = call(
+        &host,
+        json!({ "requests": [get(&server.url("/bytes?n=600000")), get(&server.url("/bytes?n=600000"))] }),
+    );
+    assert_eq!(status(&entries[0]), Some(200), "within the cap: {}", entries[0]);
+    assert_eq!(entries[0]["body"].as_str().unwrap().len(), 600_000);
+    assert!(
+        error(&entries[1]).contains("network download limit (network_received_mib) of 1 MiB reached"),
+        "the cap is per call, over all its requests: {}",
+        entries[1]
+    );
+}
+
+#[test]
+fn a_request_body_past_the_upload_cap_fails_naming_the_limit() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], "[limits]\nnetwork_sent_mib = 1\n"));
+    let body = "x".repeat(1_200_000);
+    let (entries, _, _) =
+        call(&host, json!({ "requests": [{ "method": "POST", "url": server.url("/echo"), "body": body }] }));
+    assert!(
+        error(&entries[0]).contains("network upload limit (network_sent_mib) of 1 MiB reached"),
+        "{}",
+        entries[0]
+    );
+}
+
+#[test]
+fn a_server_that_never_answers_ends_inside_the_limits() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], "[limits]\nnetwork_response_ms = 300\n"));
+    let started = Instant::now();
+    let (entries, _, _) =
+        call(&host, json!({ "requests": [get(&server.url("/never")), get(&server.url("/stall-body"))] }));
+    assert!(
+        error(&entries[0]).contains("network response timeout (network_response_ms) of 300ms reached"),
+        "{}",
+        entries[0]
+    );
+    assert!(error(&entries[1]).contains("stalled"), "a body that stops: {}", entries[1]);
+    assert!(started.elapsed() < Duration::from_secs(20), "long before the default limits");
+
+    // With a deadline shorter than the response limit, the deadline wins,
+    // and the guest still hears why before its call ends.
+    let host = self::host(workspace.path(), &grant(&[origin(&server)], "[limits]\ndeadline_ms = 1500\n"));
+    let (entries, _, _) = call(&host, json!({ "requests": [get(&server.url("/never"))] }));
+    assert!(error(&entries[0]).contains("the call's deadline is near"), "{}", entries[0]);
+}
+
+#[test]
+fn requests_and_connections_past_their_caps_are_refused_naming_the_limit() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], "[limits]\nnetwork_requests = 3\n"));
+    let hello = get(&server.url("/hello"));
+    let (entries, _, events) = call(&host, json!({ "requests": vec![hello; 5] }));
+    assert!(entries[..3].iter().all(|entry| status(entry) == Some(200)), "{entries:?}");
+    for entry in &entries[3..] {
+        assert!(
+            error(entry).contains("network request limit (network_requests) of 3 requests reached"),
+            "{entry}"
+        );
+    }
+    assert_eq!(refusals(&events).len(), 2);
+    assert_eq!(server.requests().len(), 3);
+
+    let limits = "[limits]\nnetwork_connections = 2\nnetwork_response_ms = 300\n";
+    let host = self::host(workspace.path(), &grant(&[origin(&server)], limits));
+    let (entries, _, _) =
+        call(&host, json!({ "concurrent": true, "requests": vec![get(&server.url("/never")); 3] }));
+    assert!(entries[..2].iter().all(|entry| error(entry).contains("network_response_ms")), "{entries:?}");
+    assert!(
+        error(&entries[2])
+            .contains("network connection limit (network_connections) of 2 connections reached"),
+        "{entries:?}"
+    );
+}
+
+#[test]
+fn a_call_that_is_not_open_world_gets_no_network_nor_do_questions() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], ""));
+    let (entries, _, events) =
+        call(&host, json!({ "open_world": false, "requests": [get(&server.url("/hello"))] }));
+    assert!(error(&entries[0]).contains("not open-world"), "{}", entries[0]);
+    assert!(refusals(&events)[0].1.contains("is-open-world"));
+
+    // A question that reaches for the network is refused: the call goes on.
+    let (entries, _, _) = call(
+        &host,
+        json!({ "request_in_question": server.url("/hello"), "requests": [get(&server.url("/hello"))] }),
+    );
+    assert_eq!(status(&entries[0]), Some(200), "{}", entries[0]);
+    assert_eq!(server.requests().len(), 1, "only the call's own request arrived");
+
+    // A plugin with no grant has no network at all.
+    let host = self::host(workspace.path(), "");
+    let (entries, _, _) = call(&host, json!({ "requests": [get(&server.url("/hello"))] }));
+    assert!(error(&entries[0]).contains("no network grant"), "{}", entries[0]);
+}
+
+#[test]
+fn a_secret_reaches_the_server_and_never_the_guest_the_result_or_the_log() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let config = grant(
+        &[origin(&server)],
+        &format!(
+            "[plugins.net.secrets]\n{:?} = {{ header = \"Authorization\", value = \"Bearer ${{NET_TOKEN}}\" }}\n",
+            origin(&server)
+        ),
+    );
+    let host = host(workspace.path(), &config);
+    let (entries, result, events, log) = call_logged(
+        &host,
+        json!({ "requests": [
+            get(&server.url("/echo")),
+            get(&server.url("/echo-header?name=authorization")),
+            // The guest's own Authorization header is replaced, not sent beside it.
+            { "method": "GET", "url": server.url("/echo"), "headers": [["authorization", "Basic guest"]] },
+            // A refusal is logged with its URL, never with a header.
+            get("http://169.254.169.254/"),
+        ]}),
+    );
+    let seen = server.requests();
+    let bearer = format!("Bearer {TOKEN}");
+    assert_eq!(seen[0].header("authorization"), Some(bearer.as_str()), "the server got it");
+    assert_eq!(seen[2].header("authorization"), Some(bearer.as_str()));
+    assert_eq!(seen[2].headers.iter().filter(|(name, _)| name == "authorization").count(), 1);
+    let everything = format!("{entries:?} {result:?} {events:?}");
+    assert!(!everything.contains(TOKEN), "the echoed secret is masked: {everything}");
+    assert!(entries[0]["body"].as_str().unwrap().contains("*****"), "{}", entries[0]);
+    assert!(entries[1]["body"].as_str().unwrap().starts_with("******"), "{}", entries[1]);
+    let echoed = entries[1]["headers"].to_string();
+    assert!(echoed.contains("x-echo") && !echoed.contains(TOKEN), "in headers too: {echoed}");
+    assert!(log.contains("network request refused"), "the log has the refusal: {log}");
+    assert!(!log.contains(TOKEN), "the host's log never shows it: {log}");
+
+    // A secret for an origin the grant does not name stops the host.
+    let config = Config::parse(
+        &grant(
+            &[origin(&server)],
+            "[plugins.net.secrets]\n\"https://api.github.com\" = { header = \"Authorization\", value = \"x\" }\n",
+        ),
+        Path::new("keel.toml"),
+    )
+    .unwrap();
+    let error = block_on(Host::builder().workspace(workspace.path()).config(config).cache_dir(None).build())
+        .err()
+        .unwrap()
+        .to_string();
+    assert!(error.contains("its origin is not granted by `network`"), "{error}");
+    // And so does a variable that is not set, named.
+    let config = Config::parse(
+        &grant(
+            &[origin(&server)],
+            &format!(
+                "[plugins.net.secrets]\n{:?} = {{ header = \"Authorization\", value = \"${{KEEL_TEST_UNSET_VAR}}\" }}\n",
+                origin(&server)
+            ),
+        ),
+        Path::new("keel.toml"),
+    )
+    .unwrap();
+    let error = block_on(
+        Host::builder()
+            .workspace(workspace.path())
+            .config(config)
+            .environment(Arc::new(|_| None))
+            .cache_dir(None)
+            .build(),
+    )
+    .err()
+    .unwrap()
+    .to_string();
+    assert!(error.ends_with("environment variable KEEL_TEST_UNSET_VAR is not set"), "{error}");
+}
+
+#[test]
+fn raw_sockets_and_name_lookups_stay_closed() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], ""));
+    let (entries, _, _) =
+        call(&host, json!({ "requests": [], "socket": server.addr().to_string(), "lookup": "localhost" }));
+    let socket = entries.iter().find_map(|entry| entry["socket"].as_str()).expect("a socket outcome");
+    let lookup = entries.iter().find_map(|entry| entry["lookup"].as_str()).expect("a lookup outcome");
+    assert_ne!(socket, "ok", "a raw connect is refused even to a granted address");
+    assert!(!lookup.contains("127.0.0.1"), "no name lookup: {lookup}");
+    assert!(server.requests().is_empty());
+}
+
+#[test]
+fn a_refused_request_leaves_the_other_calls_and_the_host_going() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], ""));
+    let uses = vec![
+        ToolUse::new("a", "net", json!({ "requests": [get("http://169.254.169.254/")] })),
+        ToolUse::new("b", "net", json!({ "requests": [get(&server.url("/hello"))] })),
+        ToolUse::new("c", "net", json!({ "requests": [get(&server.url("/never"))], "open_world": false })),
+    ];
+    let (_, results, _) = events_of(&host, uses);
+    assert_eq!(results.len(), 3);
+    assert!(results.iter().all(|result| !result.is_error), "{results:?}");
+    assert!(results[1].content.text().contains("hello from the test server"));
+}
