@@ -81,6 +81,41 @@
 //! normalized, whatever the working directory, so a rule written against the
 //! workspace (`write_file(secrets/**)`) holds after a `cd`.
 //!
+//! # Outbound HTTP
+//!
+//! [`http`] is a small blocking client over `wasi:http`. The host checks every
+//! request before it leaves (is the destination granted, is it a private
+//! address, how much is left of the call's limits) and a refusal arrives as an
+//! [`http::Error`] whose message is the host's reason; a tool's `?` hands it
+//! to the model as it is.
+//!
+//! ```no_run
+//! use keel_guest::{Context, Output, Result, Tool, bail, http};
+//! # use schemars::JsonSchema;
+//! # use serde::Deserialize;
+//! # #[derive(Deserialize, JsonSchema)]
+//! # struct Input { url: String }
+//! # struct Fetch;
+//! # impl Tool for Fetch {
+//! #     type Input = Input;
+//! #     const NAME: &str = "fetch";
+//! #     const DESCRIPTION: &str = "Fetches a URL.";
+//!
+//! fn call(input: Input, _cx: &Context) -> Result<Output> {
+//!     let response = http::get(&input.url)?;
+//!     if !response.is_success() {
+//!         bail!("{} answered {}", input.url, response.status);
+//!     }
+//!     Ok(Output::text(response.text()?))
+//! }
+//! # }
+//! ```
+//!
+//! Redirects are handed back, not followed, unless the request asks with
+//! [`http::Request::follow_redirects`]; a body is read whole only up to a cap
+//! ([`http::Request::max_body`], 10 MiB by default) and a longer one is an
+//! error, not a shortened body.
+//!
 //! # Contract version
 //!
 //! The component exports the interface `keel:tool/guest@`[`CONTRACT_VERSION`]
@@ -659,6 +694,8 @@ macro_rules! export {
         ));
     };
 }
+
+pub mod http;
 
 #[doc(hidden)]
 pub mod __private;

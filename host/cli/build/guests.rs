@@ -20,6 +20,7 @@ use std::process::Command;
 pub const EXAMPLE_TOOLS: &[(&str, &str)] = &[
     ("keel-tool-cd", "example-tools/cd"),
     ("keel-tool-echo", "example-tools/echo"),
+    ("keel-tool-fetch", "example-tools/fetch"),
     ("keel-tool-grep", "example-tools/grep"),
     ("keel-tool-hash", "example-tools/hash"),
     ("keel-tool-sleep", "example-tools/sleep"),
