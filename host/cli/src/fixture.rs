@@ -8,9 +8,15 @@
 //! | `batch.json` | the batch, as for `keel run` |
 //! | `workspace/` | copied to a fresh directory the case runs in (optional) |
 //! | `keel.toml` | the host configuration for the case (optional) |
-//! | `case.toml` | how to drive the case (optional): `interrupt_on_progress = "<tool_use id>"` interrupts the batch at that call's first progress report; `[[generate]]` tables (`path`, `line`, `lines`) write files of `lines` copies of `line` into the workspace, for cases that need megabytes without committing them |
+//! | `case.toml` | how to drive the case (optional): `interrupt_on_progress = "<tool_use id>"` interrupts the batch at that call's first progress report; `[[generate]]` tables (`path`, `line`, `lines`) write files of `lines` copies of `line` into the workspace, for cases that need megabytes without committing them; `serve = "site"` serves that directory of the case over HTTP on a loopback port for the run (see below) |
 //! | `expected.json` | the user message of `tool_result` blocks |
 //! | `events.jsonl` | the event trace, one JSON object a line |
+//!
+//! A case that serves a directory names its server `${SERVER}`
+//! (`http://127.0.0.1:PORT`) in `batch.json` and `keel.toml`; what the run
+//! produces says `${SERVER}` where the server's origin appeared, and
+//! `${SERVER_ADDR}` for its bare address, so the expectations do not depend
+//! on the port.
 //!
 //! The trace is normalized so it does not depend on timing: events are
 //! grouped by call in batch order (a call's own events keep their order), and
@@ -31,6 +37,10 @@ pub const BLESS_VAR: &str = "KEEL_BLESS";
 const BATCH: &str = "batch.json";
 const EXPECTED_MESSAGE: &str = "expected.json";
 const EXPECTED_EVENTS: &str = "events.jsonl";
+/// What a case writes for its server's origin.
+const SERVER: &str = "${SERVER}";
+/// What a case's expectations say for its server's bare address.
+const SERVER_ADDR: &str = "${SERVER_ADDR}";
 
 /// One fixture case.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -50,6 +60,8 @@ struct Driver {
     /// Files to write into the workspace before the run.
     #[serde(default)]
     generate: Vec<Generated>,
+    /// A directory of the case to serve over HTTP for the run.
+    serve: Option<PathBuf>,
 }
 
 /// A file a case writes into its workspace: `lines` copies of `line`.
@@ -96,12 +108,30 @@ impl Case {
     /// Run the case with a host from `builder` (plugins, cache), in a fresh
     /// copy of its workspace, under its own `keel.toml` when it has one.
     pub async fn run(&self, builder: HostBuilder) -> Result<Produced> {
+        let driver = self.driver()?;
+        let server = match &driver.serve {
+            Some(site) => Some(site::serve(self.dir.join(site)).await?),
+            None => None,
+        };
+        let origin = server.as_ref().map(site::Site::origin);
+        let expand = |text: String| match &origin {
+            Some(origin) => text.replace(SERVER, origin),
+            None => text,
+        };
         let batch_path = self.dir.join(BATCH);
-        let bytes = std::fs::read(&batch_path).map_err(|error| Error::io("read", &batch_path, error))?;
-        let (config, _) = Config::discover(None, &self.dir)?;
+        let text =
+            std::fs::read_to_string(&batch_path).map_err(|error| Error::io("read", &batch_path, error))?;
+        let bytes = expand(text).into_bytes();
+        let config_path = self.dir.join(keel_host::config::FILE_NAME);
+        let config = if config_path.is_file() {
+            let text = std::fs::read_to_string(&config_path)
+                .map_err(|error| Error::io("read", &config_path, error))?;
+            Config::parse(&expand(text), &config_path)?
+        } else {
+            Config::default()
+        };
         let max_input = config.limits.apply(keel_host::Limits::default()).input;
         let uses = parse_batch_bytes(&bytes, &batch_path.display().to_string(), max_input)?;
-        let driver = self.driver()?;
         let workspace =
             tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
         let source = self.dir.join("workspace");
@@ -132,7 +162,11 @@ impl Case {
         }
         let outcome = run.finish().await;
         let message = pretty(&user_message(&outcome.results));
-        let events = normalize(&events).iter().map(|event| to_line(event) + "\n").collect();
+        let events: String = normalize(&events).iter().map(|event| to_line(event) + "\n").collect();
+        let (message, events) = match &server {
+            Some(server) => (server.hide(&message), server.hide(&events)),
+            None => (message, events),
+        };
         Ok(Produced { message, events })
     }
 
@@ -331,5 +365,113 @@ mod tests {
         a_first.swap(6, 7);
         a_first.swap(1, 2);
         assert_eq!(normalize(&a_first), expected);
+    }
+}
+
+/// The loopback HTTP server a case may run for its tools to fetch from.
+mod site {
+    use std::path::{Component, Path, PathBuf};
+
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::net::TcpListener;
+
+    use super::{SERVER, SERVER_ADDR};
+    use keel_host::{Error, Result};
+
+    /// Bytes of a request head the server reads; a fixture's requests are
+    /// small.
+    const MAX_HEAD: usize = 16 << 10;
+
+    /// A running server; dropping it stops it.
+    pub struct Site {
+        addr: std::net::SocketAddr,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for Site {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    impl Site {
+        /// `http://127.0.0.1:PORT`.
+        pub fn origin(&self) -> String {
+            format!("http://{}", self.addr)
+        }
+
+        /// `text` with the server's origin and address replaced by the
+        /// placeholders the expectations use.
+        pub fn hide(&self, text: &str) -> String {
+            text.replace(&self.origin(), SERVER).replace(&self.addr.to_string(), SERVER_ADDR)
+        }
+    }
+
+    /// Serve the files of `root` on a loopback port: `GET /a/b.html` is
+    /// `root/a/b.html`, with its content type by extension; anything else is
+    /// `404` or `405`. One request per connection.
+    pub async fn serve(root: PathBuf) -> Result<Site> {
+        if !root.is_dir() {
+            return Err(Error::io("serve", &root, std::io::Error::from(std::io::ErrorKind::NotFound)));
+        }
+        let listener =
+            TcpListener::bind(("127.0.0.1", 0)).await.map_err(|error| Error::io("serve", &root, error))?;
+        let addr = listener.local_addr().map_err(|error| Error::io("serve", &root, error))?;
+        let task = tokio::spawn(async move {
+            while let Ok((mut stream, _)) = listener.accept().await {
+                let root = root.clone();
+                tokio::spawn(async move {
+                    let mut head = Vec::new();
+                    let mut buf = [0u8; 4096];
+                    while !head.windows(4).any(|w| w == b"\r\n\r\n") && head.len() < MAX_HEAD {
+                        match stream.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => head.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    let response = respond(&root, &String::from_utf8_lossy(&head));
+                    let _ = stream.write_all(&response).await;
+                    let _ = stream.shutdown().await;
+                });
+            }
+        });
+        Ok(Site { addr, task })
+    }
+
+    fn respond(root: &Path, head: &str) -> Vec<u8> {
+        let mut words = head.lines().next().unwrap_or_default().split(' ');
+        let (method, target) = (words.next().unwrap_or_default(), words.next().unwrap_or_default());
+        if method != "GET" {
+            return reply("405 Method Not Allowed", "text/plain", b"only GET is served\n");
+        }
+        let path = target.split(['?', '#']).next().unwrap_or_default().trim_start_matches('/');
+        let relative = Path::new(path);
+        if !relative.components().all(|part| matches!(part, Component::Normal(_))) {
+            return reply("404 Not Found", "text/plain", b"not found\n");
+        }
+        match std::fs::read(root.join(relative)) {
+            Ok(body) => reply("200 OK", content_type(relative), &body),
+            Err(_) => reply("404 Not Found", "text/plain", b"not found\n"),
+        }
+    }
+
+    fn content_type(path: &Path) -> &'static str {
+        match path.extension().and_then(|ext| ext.to_str()) {
+            Some("html" | "htm") => "text/html; charset=utf-8",
+            Some("json") => "application/json",
+            Some("png") => "image/png",
+            Some("txt" | "md") => "text/plain; charset=utf-8",
+            _ => "application/octet-stream",
+        }
+    }
+
+    fn reply(status: &str, content_type: &str, body: &[u8]) -> Vec<u8> {
+        let mut out = format!(
+            "HTTP/1.1 {status}\r\ncontent-type: {content_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+            body.len()
+        )
+        .into_bytes();
+        out.extend_from_slice(body);
+        out
     }
 }
