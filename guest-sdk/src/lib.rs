@@ -87,7 +87,9 @@
 //! request before it leaves (is the destination granted, is it a private
 //! address, how much is left of the call's limits) and a refusal arrives as an
 //! [`http::Error`] whose message is the host's reason; a tool's `?` hands it
-//! to the model as it is.
+//! to the model as it is. A tool that reaches the network answers
+//! [`Tool::is_open_world`] with `true`: the host gives a call that answers
+//! `false` (the default) no network at all.
 //!
 //! ```no_run
 //! use keel_guest::{Context, Output, Result, Tool, bail, http};

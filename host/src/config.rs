@@ -166,6 +166,26 @@ mod tests {
     }
 
     #[test]
+    fn network_limits_are_keys_of_their_own() {
+        let text = "[limits]\nnetwork_requests = 3\nnetwork_sent_mib = 2\nnetwork_received_mib = 5\n\
+                    network_connect_ms = 1500\nnetwork_response_ms = 700\nnetwork_connections = 1\n";
+        let limits = Config::parse(text, Path::new("keel.toml")).unwrap().limits.apply(Limits::default());
+        assert_eq!(
+            (
+                limits.network_requests,
+                limits.network_sent,
+                limits.network_received,
+                limits.network_connections
+            ),
+            (3, 2 << 20, 5 << 20, 1)
+        );
+        assert_eq!(
+            (limits.network_connect, limits.network_response),
+            (Duration::from_millis(1500), Duration::from_millis(700))
+        );
+    }
+
+    #[test]
     fn an_unknown_key_is_an_error_naming_file_key_and_line() {
         let error = Config::parse("[limits]\nfeul = 5\n", Path::new("conf/keel.toml")).unwrap_err();
         let text = error.to_string();

@@ -148,6 +148,25 @@ async fn lists_the_pool_as_keel_list_does_with_the_annotations_keel_enforces() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plugin_with_a_network_grant_is_listed_as_open_world() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(
+        workspace.path().join("keel.toml"),
+        "[plugins.fetch]\nnetwork = [\"https://example.org\"]\n",
+    )
+    .unwrap();
+    let (client, _) = client(workspace.path(), &[bundled("fetch")], &[]).await;
+    let tools = client.list_all_tools().await.unwrap();
+    let hints = |name: &str| {
+        let tool = tools.iter().find(|tool| tool.name == name).unwrap();
+        serde_json::to_value(&tool.annotations).unwrap()
+    };
+    assert_eq!(hints("fetch"), json!({ "openWorldHint": true }));
+    assert_eq!(hints("echo"), json!({ "openWorldHint": false }), "no grant, no network");
+    client.cancel().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn calls_each_example_tool_and_the_context_carries_from_call_to_call() {
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("a.txt"), "alpha\nbeta\n").unwrap();
