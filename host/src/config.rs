@@ -50,6 +50,20 @@ pub struct Config {
     /// `[permissions]`: rules, their default and the mode; see `permissions`.
     #[serde(default)]
     pub permissions: crate::permissions::PermissionsConfig,
+    /// `[network]`: what holds for every plugin's requests.
+    #[serde(default)]
+    pub network: NetworkConfig,
+}
+
+/// `[network]`: settings of every plugin's requests (where each may go is
+/// its own grant, in `[plugins]`).
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkConfig {
+    /// PEM files of certificate authorities TLS trusts beside the bundled
+    /// Mozilla roots (a company's own CA); relative to the workspace.
+    #[serde(default)]
+    pub roots: Vec<PathBuf>,
 }
 
 /// `[limits]`: overrides of [`Limits`]; a key left out keeps its default.

@@ -52,6 +52,19 @@ pub struct HostBuilder {
     environment: Option<Environment>,
 }
 
+/// The bundled roots and the PEM files of `[network] roots`, read relative
+/// to `workspace`.
+fn trusted_roots(paths: &[PathBuf], workspace: &Path) -> Result<crate::load::network::TlsRoots> {
+    let mut pems = Vec::new();
+    for path in paths {
+        let path = workspace.join(path);
+        let pem = std::fs::read(&path).map_err(|error| Error::io("read", &path, error))?;
+        pems.push((path, pem));
+    }
+    crate::load::network::TlsRoots::with_extra(&pems)
+        .map_err(|reason| Error::Config { path: PathBuf::from("[network] roots"), reason })
+}
+
 /// Where a host reads the variables that grants name: the values of `env`
 /// grants, and the `${NAME}` of secrets.
 pub type Environment = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
@@ -169,12 +182,16 @@ impl HostBuilder {
         // Meanwhile, on another core, what the first schema compiled needs.
         let meta_schemas = tokio::task::spawn_blocking(crate::pool::schema::prepare_meta_schemas);
         let runtime = Arc::new(Runtime::new(&limits, self.cache_dir)?);
-        let grants = Arc::new(match &self.environment {
+        let mut grants = match &self.environment {
             Some(environment) => {
                 Grants::from_config_with_env(&self.config.plugins, &workspace, |name| environment(name))?
             }
             None => Grants::from_config(&self.config.plugins, &workspace)?,
-        });
+        };
+        if !self.config.network.roots.is_empty() {
+            grants.trust(&trusted_roots(&self.config.network.roots, &workspace)?);
+        }
+        let grants = Arc::new(grants);
 
         let mut builtins: Vec<Arc<dyn Tool>> = self.native;
         if self.builtins {

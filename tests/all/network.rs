@@ -465,3 +465,31 @@ fn a_refused_request_leaves_the_other_calls_and_the_host_going() {
     assert!(results.iter().all(|result| !result.is_error), "{results:?}");
     assert!(results[1].content.text().contains("hello from the test server"));
 }
+
+#[test]
+fn https_is_verified_and_speaks_http2_when_the_server_offers_it() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start_tls();
+    let origin = format!("https://127.0.0.1:{}", server.port());
+    let ca = Path::new(env!("CARGO_MANIFEST_DIR")).join("certs/ca.pem");
+
+    // With the bundled roots only, the test CA is nobody: the handshake fails.
+    let host = host(workspace.path(), &grant(std::slice::from_ref(&origin), ""));
+    let (entries, _, _) = call(&host, json!({ "requests": [get(&server.url("/hello"))] }));
+    assert!(error(&entries[0]).to_lowercase().contains("tls"), "{}", entries[0]);
+    assert!(server.requests().is_empty());
+
+    // Trusted through `[network] roots`, the same request goes, over HTTP/2.
+    let roots = format!("[network]\nroots = [{:?}]\n", ca.display().to_string());
+    let host = self::host(workspace.path(), &(roots + &grant(std::slice::from_ref(&origin), "")));
+    let (entries, _, _) = call(
+        &host,
+        json!({ "requests": [get(&server.url("/hello")), { "method": "POST", "url": server.url("/echo"), "body": "over h2" }] }),
+    );
+    assert_eq!(status(&entries[0]), Some(200), "{}", entries[0]);
+    assert_eq!(entries[0]["body"], "hello from the test server");
+    assert!(entries[1]["body"].as_str().unwrap().contains("over h2"), "{}", entries[1]);
+    let seen = server.requests();
+    assert_eq!(seen.len(), 2);
+    assert!(seen.iter().all(|request| request.version == "HTTP/2.0"), "{seen:?}");
+}

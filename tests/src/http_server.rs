@@ -61,7 +61,7 @@ use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, LOCATION};
 use hyper::server::conn::http1;
 use hyper::service::service_fn;
 use hyper::{Request, Response, StatusCode};
-use hyper_util::rt::TokioIo;
+use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::sync::oneshot;
 use tokio::time::Sleep;
 
@@ -108,6 +108,8 @@ pub struct Recorded {
     pub headers: Vec<(String, String)>,
     /// The body, as much of it as arrived.
     pub body: Vec<u8>,
+    /// The protocol it came over: `HTTP/1.1`, `HTTP/2.0`.
+    pub version: String,
 }
 
 impl Recorded {
@@ -120,6 +122,7 @@ impl Recorded {
 /// A running server; dropping it stops it.
 pub struct TestServer {
     addr: SocketAddr,
+    scheme: &'static str,
     recorded: Arc<Mutex<Vec<Recorded>>>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
@@ -141,8 +144,21 @@ impl TestServer {
     /// A server on `addr`, or the error binding it, for a test that skips
     /// where (say) IPv6 is not available.
     pub fn try_start_on(addr: impl ToSocketAddrs) -> io::Result<TestServer> {
+        TestServer::launch(addr, None)
+    }
+
+    /// A server on `127.0.0.1` at a free port that speaks TLS with the
+    /// certificate of `tests/certs/` (signed by `tests/certs/ca.pem`, for
+    /// `127.0.0.1` and `localhost`), offering HTTP/2 and HTTP/1.1 by ALPN.
+    pub fn start_tls() -> TestServer {
+        TestServer::launch("127.0.0.1:0", Some(tls_acceptor()))
+            .unwrap_or_else(|error| panic!("failed to start the test server: {error}"))
+    }
+
+    fn launch(addr: impl ToSocketAddrs, tls: Option<tokio_rustls::TlsAcceptor>) -> io::Result<TestServer> {
         // Bound here, not on the thread, so a test knows the port at once and
         // a failure to bind is the caller's to see.
+        let scheme_is_tls = tls.is_some();
         let listener = std::net::TcpListener::bind(addr)?;
         listener.set_nonblocking(true)?;
         let addr = listener.local_addr()?;
@@ -152,13 +168,14 @@ impl TestServer {
         let record = Arc::clone(&recorded);
         let thread = std::thread::Builder::new().name(format!("test-http-server-{}", addr.port())).spawn(
             move || {
-                runtime.block_on(serve(listener, record, stopped));
+                runtime.block_on(serve(listener, record, stopped, tls));
                 // Dropping the runtime drops every connection task, closing
                 // the connections `/never` and `/stall-body` hold.
                 drop(runtime);
             },
         )?;
-        Ok(TestServer { addr, recorded, stop: Some(stop), thread: Some(thread) })
+        let scheme = if scheme_is_tls { "https" } else { "http" };
+        Ok(TestServer { addr, scheme, recorded, stop: Some(stop), thread: Some(thread) })
     }
 
     /// The port the server listens on.
@@ -172,11 +189,12 @@ impl TestServer {
     }
 
     /// The URL of `path` on this server: `http://127.0.0.1:PORT/path`
+    /// (`https://` for [`TestServer::start_tls`])
     /// (`http://[::1]:PORT/path` on IPv6). A path without a leading `/` gets
     /// one.
     pub fn url(&self, path: &str) -> String {
         let slash = if path.starts_with('/') { "" } else { "/" };
-        format!("http://{}{slash}{path}", self.addr)
+        format!("{}://{}{slash}{path}", self.scheme, self.addr)
     }
 
     /// Every request that reached the server so far, in the order each was
@@ -246,10 +264,32 @@ fn query_value(query: Option<&str>, name: &str) -> Option<String> {
     })
 }
 
+/// The TLS set-up of [`TestServer::start_tls`], from `tests/certs/`.
+fn tls_acceptor() -> tokio_rustls::TlsAcceptor {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("certs");
+    let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(dir.join("server.pem"))
+        .and_then(|certs| certs.collect())
+        .expect("tests/certs/server.pem holds the server's certificate");
+    let key =
+        PrivateKeyDer::from_pem_file(dir.join("server.key")).expect("tests/certs/server.key holds its key");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .expect("ring supports the default protocol versions")
+        .with_no_client_auth()
+        .with_single_cert(certs, key)
+        .expect("the test certificate and key match");
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
 async fn serve(
     listener: std::net::TcpListener,
     recorded: Arc<Mutex<Vec<Recorded>>>,
     mut stopped: oneshot::Receiver<()>,
+    tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
     let listener = tokio::net::TcpListener::from_std(listener).expect("a non-blocking listener");
     loop {
@@ -260,11 +300,22 @@ async fn serve(
                 // left) loses that one connection only.
                 let Ok((stream, _)) = accepted else { continue };
                 let recorded = Arc::clone(&recorded);
+                let tls = tls.clone();
                 tokio::spawn(async move {
                     let service = service_fn(move |request| respond(request, Arc::clone(&recorded)));
                     // A connection the client broke off ends here; the server
                     // goes on with the others.
-                    let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                    match tls {
+                        None => {
+                            let _ = http1::Builder::new().serve_connection(TokioIo::new(stream), service).await;
+                        }
+                        Some(tls) => {
+                            let Ok(stream) = tls.accept(stream).await else { return };
+                            let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                                .serve_connection(TokioIo::new(stream), service)
+                                .await;
+                        }
+                    }
                 });
             }
         }
@@ -294,7 +345,8 @@ async fn respond(
             (name.as_str().to_string(), String::from_utf8_lossy(value.as_bytes()).into_owned())
         })
         .collect();
-    let request = Recorded { method: parts.method.to_string(), path, headers, body };
+    let version = format!("{:?}", parts.version);
+    let request = Recorded { method: parts.method.to_string(), path, headers, body, version };
     recorded.lock().unwrap_or_else(PoisonError::into_inner).push(request.clone());
 
     let query = parts.uri.query();
@@ -494,6 +546,7 @@ mod tests {
                 path: "/hello".into(),
                 headers: vec![("host".into(), "test".into()), ("connection".into(), "close".into())],
                 body: vec![],
+                version: "HTTP/1.1".into(),
             }]
         );
     }

@@ -19,8 +19,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -281,19 +281,16 @@ impl Trip {
         };
         let request = request.map(|_| sent);
         let response_limit = self.wait(self.limits.network_response);
-        let (response, io): (Response<hyper::body::Incoming>, IoFuture) = if h2 {
+        let (response, io) = if h2 {
             let (mut sender, connection) =
                 hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
                     .await
                     .map_err(HttpError::from)?;
-            let io = Box::new(async move {
-                let _permit = permit;
-                connection.await.map_err(HttpError::from)
-            });
             let mut request = request;
+            // HTTP/2 carries the authority as `:authority`, from the URI.
             request.headers_mut().remove(header::HOST);
-            let response = tokio::time::timeout(response_limit, sender.send_request(request)).await;
-            (self.answered(response, response_limit)?, io as IoFuture)
+            let send = tokio::time::timeout(response_limit, sender.send_request(request));
+            exchange(send, connection, permit).await
         } else {
             let (mut sender, connection) =
                 hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(HttpError::from)?;
@@ -303,28 +300,10 @@ impl Trip {
                 || http::Uri::from_static("/"),
                 |path| path.as_str().parse().expect("a valid path"),
             );
-            let mut connection = Box::pin(connection);
-            let response = {
-                let send = tokio::time::timeout(response_limit, sender.send_request(request));
-                let mut send = std::pin::pin!(send);
-                // Drive the connection while waiting for the response.
-                std::future::poll_fn(|cx| {
-                    if let Poll::Ready(response) = send.as_mut().poll(cx) {
-                        return Poll::Ready(response);
-                    }
-                    if let Poll::Ready(Err(error)) = connection.as_mut().poll(cx) {
-                        return Poll::Ready(Ok(Err(error)));
-                    }
-                    Poll::Pending
-                })
-                .await
-            };
-            let io = Box::new(async move {
-                let _permit = permit;
-                connection.await.map_err(HttpError::from)
-            });
-            (self.answered(response, response_limit)?, io as IoFuture)
+            let send = tokio::time::timeout(response_limit, sender.send_request(request));
+            exchange(send, connection, permit).await
         };
+        let response = self.answered(response, response_limit)?;
         let (mut parts, body) = response.into_parts();
         if self.scrubber.is_active() {
             for value in parts.headers.values_mut() {
@@ -433,13 +412,52 @@ impl Trip {
             Host::Name(name) => rustls::pki_types::ServerName::try_from(name.clone())
                 .map_err(|_| HttpError::InternalError(Some(format!("{name} is no TLS server name"))))?,
         };
-        let tls = tokio_rustls::TlsConnector::from(tls_config())
+        let tls = tokio_rustls::TlsConnector::from(self.grant.tls().config())
             .connect(server_name, tcp)
             .await
             .map_err(HttpError::Tls)?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         Ok((Box::new(tls), h2))
     }
+}
+
+/// The outcome of a `send` that waits for the response, while driving
+/// `connection` (which moves the bytes) as it waits; and the future that
+/// drives the connection on for the body, holding the connection's
+/// `permit` until the connection ends.
+async fn exchange<S, C>(send: S, connection: C, permit: OwnedSemaphorePermit) -> (S::Output, IoFuture)
+where
+    S: Future,
+    C: Future<Output = hyper::Result<()>> + Send + 'static,
+{
+    let mut connection = Box::pin(connection);
+    let mut send = std::pin::pin!(send);
+    let mut ended = None;
+    let response = std::future::poll_fn(|cx| {
+        if let Poll::Ready(response) = send.as_mut().poll(cx) {
+            return Poll::Ready(response);
+        }
+        if ended.is_none()
+            && let Poll::Ready(outcome) = connection.as_mut().poll(cx)
+        {
+            // A connection that ended fails the send, which says how.
+            ended = Some(outcome);
+            return send.as_mut().poll(cx);
+        }
+        Poll::Pending
+    })
+    .await;
+    let io: IoFuture = match ended {
+        Some(outcome) => Box::new(async move {
+            drop(permit);
+            outcome.map_err(HttpError::from)
+        }),
+        None => Box::new(async move {
+            let _permit = permit;
+            connection.await.map_err(HttpError::from)
+        }),
+    };
+    (response, io)
 }
 
 /// A hyper error whose source is one of keel's own body errors (a byte cap
@@ -455,26 +473,6 @@ fn body_error(error: hyper::Error) -> Result<HttpError, hyper::Error> {
         Some(reason) => Ok(HttpError::InternalError(Some(reason))),
         None => Err(error),
     }
-}
-
-/// The TLS client set-up, made once: the bundled Mozilla roots, so a
-/// request verifies the same way on every machine, and ALPN offering
-/// HTTP/2 then HTTP/1.1.
-fn tls_config() -> Arc<rustls::ClientConfig> {
-    static CONFIG: OnceLock<Arc<rustls::ClientConfig>> = OnceLock::new();
-    CONFIG
-        .get_or_init(|| {
-            let roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.into() };
-            let provider = Arc::new(rustls::crypto::ring::default_provider());
-            let mut config = rustls::ClientConfig::builder_with_provider(provider)
-                .with_safe_default_protocol_versions()
-                .expect("ring supports the default protocol versions")
-                .with_root_certificates(roots)
-                .with_no_client_auth();
-            config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-            Arc::new(config)
-        })
-        .clone()
 }
 
 /// The time from now to [`DEADLINE_RESERVE`] before `deadline`.

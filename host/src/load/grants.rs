@@ -37,7 +37,7 @@ use serde::Deserialize;
 
 use crate::contract::WORKSPACE_MOUNT;
 use crate::error::{Error, Result};
-use crate::load::network::{NetworkGrant, SecretConfig};
+use crate::load::network::{NetworkGrant, SecretConfig, TlsRoots};
 
 /// Access to one directory.
 #[derive(Clone, Copy, Debug, Default, Deserialize, PartialEq, Eq, PartialOrd, Ord)]
@@ -207,6 +207,13 @@ impl Grants {
             sections.push((pattern.clone(), grant));
         }
         Ok(Grants { workspace: workspace.to_path_buf(), sections })
+    }
+
+    /// Verify every plugin's TLS against `tls`.
+    pub fn trust(&mut self, tls: &TlsRoots) {
+        for (_, grant) in &mut self.sections {
+            Arc::make_mut(&mut grant.network).trust(tls.clone());
+        }
     }
 
     /// The workspace the grants were resolved for.

@@ -26,6 +26,7 @@
 
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::sync::{Arc, OnceLock};
 
 use http::{HeaderName, HeaderValue};
 
@@ -383,11 +384,90 @@ impl Target {
     }
 }
 
-/// The entries of one plugin's `network` grant, and its secrets.
+/// The certificate authorities a request's TLS is verified against: the
+/// bundled Mozilla roots, the same on every machine, and any more the host's
+/// configuration trusts (`[network] roots`).
+#[derive(Clone)]
+pub struct TlsRoots(Arc<rustls::ClientConfig>);
+
+impl TlsRoots {
+    /// The bundled Mozilla roots alone, made once.
+    pub fn bundled() -> Self {
+        static BUNDLED: OnceLock<TlsRoots> = OnceLock::new();
+        BUNDLED.get_or_init(|| TlsRoots::with(Vec::new())).clone()
+    }
+
+    /// The bundled roots and every certificate of the PEM files `pems`
+    /// (each with the path it was read from, for the error).
+    pub fn with_extra(pems: &[(std::path::PathBuf, Vec<u8>)]) -> Result<Self, String> {
+        use rustls::pki_types::CertificateDer;
+        use rustls::pki_types::pem::PemObject;
+        let mut extra = Vec::new();
+        for (path, pem) in pems {
+            let before = extra.len();
+            for cert in CertificateDer::pem_slice_iter(pem) {
+                extra.push(
+                    cert.map_err(|error| format!("{}: not a PEM certificate: {error}", path.display()))?,
+                );
+            }
+            if extra.len() == before {
+                return Err(format!("{}: holds no PEM certificate", path.display()));
+            }
+        }
+        Ok(TlsRoots::with(extra))
+    }
+
+    fn with(extra: Vec<rustls::pki_types::CertificateDer<'static>>) -> Self {
+        let mut roots = rustls::RootCertStore { roots: webpki_roots::TLS_SERVER_ROOTS.into() };
+        for cert in extra {
+            // Checked as PEM above; a certificate rustls cannot use as a
+            // root is left out, as the bundled store's loader does.
+            let _ = roots.add(cert);
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .expect("ring supports the default protocol versions")
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        // HTTP/2 when the server offers it, else HTTP/1.1.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        TlsRoots(Arc::new(config))
+    }
+
+    /// The TLS client set-up.
+    pub(crate) fn config(&self) -> Arc<rustls::ClientConfig> {
+        self.0.clone()
+    }
+}
+
+impl Default for TlsRoots {
+    fn default() -> Self {
+        TlsRoots::bundled()
+    }
+}
+
+impl PartialEq for TlsRoots {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.0, &other.0)
+    }
+}
+
+impl Eq for TlsRoots {}
+
+impl fmt::Debug for TlsRoots {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("TlsRoots")
+    }
+}
+
+/// The entries of one plugin's `network` grant, its secrets, and the roots
+/// its TLS is verified against.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NetworkGrant {
     rules: Vec<Rule>,
     secrets: Vec<Secret>,
+    tls: TlsRoots,
 }
 
 impl NetworkGrant {
@@ -409,7 +489,17 @@ impl NetworkGrant {
             }
             parsed.push(Secret::new(rule, secret, &env)?);
         }
-        Ok(NetworkGrant { rules, secrets: parsed })
+        Ok(NetworkGrant { rules, secrets: parsed, tls: TlsRoots::bundled() })
+    }
+
+    /// Verify TLS against `tls`.
+    pub fn trust(&mut self, tls: TlsRoots) {
+        self.tls = tls;
+    }
+
+    /// The roots TLS is verified against.
+    pub fn tls(&self) -> &TlsRoots {
+        &self.tls
     }
 
     /// Whether anything is granted.
