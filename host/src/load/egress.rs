@@ -723,6 +723,31 @@ mod tests {
         Scrubber::new(&grant)
     }
 
+    fn request(uri: &str, host: Option<&str>) -> Request<WasiBody> {
+        let mut builder = Request::builder().uri(uri);
+        if let Some(host) = host {
+            builder = builder.header(header::HOST, host);
+        }
+        builder.body(empty_body()).unwrap()
+    }
+
+    #[test]
+    fn a_target_is_read_from_the_url_and_checked_against_its_host_header() {
+        let target = target_of(&request("https://API.example.org/x?y", Some("api.example.org"))).unwrap();
+        assert_eq!(target.origin(), "https://api.example.org:443");
+        let target = target_of(&request("http://[::ffff:127.0.0.1]:8080/", None)).unwrap();
+        assert_eq!(target.origin(), "http://127.0.0.1:8080", "judged as the IPv4 address");
+        assert_eq!(
+            target_of(&request("http://example.org/", Some("evil.org"))).unwrap_err(),
+            "its Host header disagrees with the URL's authority example.org"
+        );
+        assert!(target_of(&request("http://user:pw@example.org/", None)).unwrap_err().contains("user info"));
+        assert!(target_of(&request("ftp://example.org/", None)).unwrap_err().contains("not http or https"));
+        let mut twice = request("http://example.org/", Some("example.org"));
+        twice.headers_mut().append(header::HOST, HeaderValue::from_static("example.org"));
+        assert!(target_of(&twice).unwrap_err().contains("Host header"), "two Host headers");
+    }
+
     #[test]
     fn secrets_are_masked_with_their_length_kept() {
         let scrubber = scrubber(&["hunter22", "s3cr3t-value"]);
