@@ -142,7 +142,11 @@ async fn lists_the_pool_as_keel_list_does_with_the_annotations_keel_enforces() {
     let annotations: BTreeMap<&str, &Value> =
         tools.iter().map(|tool| (tool["name"].as_str().unwrap(), &tool["annotations"])).collect();
     assert_eq!(annotations["Read"], &Value::Null, "a built-in gets no hints it cannot enforce");
-    assert_eq!(annotations["grep"], &json!({ "readOnlyHint": true, "openWorldHint": false }));
+    assert_eq!(
+        annotations["grep"],
+        &json!({ "readOnlyHint": true, "destructiveHint": false, "openWorldHint": false }),
+        "no write access and no network: it can destroy nothing"
+    );
     assert_eq!(annotations["write_file"], &json!({ "openWorldHint": false }));
     client.cancel().await.unwrap();
 }

@@ -1,4 +1,5 @@
-//! `keel serve`: the tool pool as a Model Context Protocol server on stdio.
+//! `keel serve`: the tool pool as a Model Context Protocol server, on stdio
+//! or, with `--http`, over streamable HTTP ([`http`]).
 //!
 //! `tools/list` is the pool as a model sees it (`keel list`); `tools/call`
 //! runs one call through the same path as a call of `keel run`: schema,
@@ -11,9 +12,11 @@
 //! reports progress; `notifications/cancelled` interrupts its call.
 //!
 //! Every failure of a call is a result with `isError: true`; the server
-//! goes on. Standard output carries the protocol only; logs go to stderr.
+//! goes on. On stdio, standard output carries the protocol only; logs go to
+//! stderr.
 
 mod arrivals;
+mod http;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -50,6 +53,8 @@ pub struct ServeArgs {
     /// `keel run --events` prints them.
     #[arg(long, value_name = "PATH")]
     events: Option<PathBuf>,
+    #[command(flatten)]
+    http: http::HttpArgs,
 }
 
 /// Build the host from the flags and `keel.toml`, then answer MCP requests
@@ -69,6 +74,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             None => None,
         };
         let server = Server::new(host, events);
+        if let Some(addr) = args.http.http {
+            return http::serve(server, addr, &args.http).await;
+        }
         let (stdin, stdout) = rmcp::transport::stdio_pipes();
         let transport = Arrivals::new(AsyncRwTransport::new_server(stdin, stdout), server.stream.clone());
         tracing::info!("serving {} tools over MCP on stdio", server.tools.len());
@@ -94,20 +102,22 @@ fn session_dir(workspace: Option<&std::path::Path>) -> Option<PathBuf> {
     Some(workspace.join(".keel/session").join(name))
 }
 
-/// The MCP server: one host, and the stream its calls arrive in.
+/// The MCP server: one host, and the stream its calls arrive in. Clones
+/// share them: over HTTP, each session (or stateless request) gets a clone.
+#[derive(Clone)]
 struct Server {
     stream: CallStream,
     tools: Arc<[rmcp::model::Tool]>,
     events: Option<Arc<EventLog>>,
     /// Kept for as long as the stream runs its calls.
-    _host: Host,
+    _host: Arc<Host>,
 }
 
 impl Server {
     fn new(host: Host, events: Option<EventLog>) -> Self {
         let tools = mcp_tools(&host).into();
         let stream = host.stream(keel_host::context::initial());
-        Server { stream, tools, events: events.map(Arc::new), _host: host }
+        Server { stream, tools, events: events.map(Arc::new), _host: Arc::new(host) }
     }
 
     /// One call from arrival to result. A cancellation interrupts the call
@@ -240,13 +250,17 @@ fn mcp_tool(spec: &ToolSpec, grants: &Grants) -> rmcp::model::Tool {
     if let Some(annotations) = annotations(spec, grants) {
         tool = tool.with_annotations(annotations);
     }
+    if let Some(Value::Object(schema)) = &spec.output_schema {
+        tool.output_schema = Some(Arc::new(schema.clone()));
+    }
     tool
 }
 
 /// Hints that hold for every call of the tool because the sandbox enforces
 /// them, not because the tool claims them: a plugin without a network grant
 /// has a closed world, and one with a grant is open-world; a plugin granted
-/// no write access anywhere is read-only.
+/// no write access anywhere is read-only, and with no network either it can
+/// destroy nothing.
 /// What a tool says about one input (`plan`, `is-destructive`, …)
 /// has no place here: MCP hints are per tool, and when left out MCP assumes
 /// the conservative answer, as keel does.
@@ -255,8 +269,13 @@ fn annotations(spec: &ToolSpec, grants: &Grants) -> Option<ToolAnnotations> {
     let grant = grants.for_tool(&spec.name);
     let writes = grant.workspace_access == Access::ReadWrite
         || grant.dirs.iter().any(|dir| dir.access == Access::ReadWrite);
-    let annotations = ToolAnnotations::new().open_world(!grant.network.is_empty());
-    Some(if writes { annotations } else { annotations.read_only(true) })
+    let network = !grant.network.is_empty();
+    let annotations = ToolAnnotations::new().open_world(network);
+    Some(match (writes, network) {
+        (true, _) => annotations,
+        (false, true) => annotations.read_only(true),
+        (false, false) => annotations.read_only(true).destructive(false),
+    })
 }
 
 /// Sends a call's progress reports to the client as

@@ -1,0 +1,210 @@
+//! `keel serve --http ADDR`: MCP over streamable HTTP, on `/mcp`.
+//!
+//! rmcp's server transport speaks the protocol: the stateless 2026-07-28
+//! version, with sessions kept only for clients of 2025-11-25 and earlier;
+//! `Host` checked against an allow-list (loopback names by default) and any
+//! `Origin` a browser sends refused unless listed, so DNS rebinding gets
+//! nowhere; a body over the cap refused with `413` while it streams, before
+//! it is parsed. In front of it, this module:
+//! - answers `/mcp` only (`404` elsewhere);
+//! - checks the bearer token, when there is one, in constant time: a missing
+//!   or wrong one gets `401` with `WWW-Authenticate`, and the request never
+//!   reaches the tools;
+//! - refuses to start on an address that is not loopback without a token;
+//! - cuts off a client that takes longer than the header timeout to send a
+//!   request's head, or leaves a connection idle past the idle timeout.
+//!
+//! TLS belongs to a proxy in front (see the README).
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result, bail};
+use bytes::Bytes;
+use clap::Args;
+use http_body_util::{BodyExt as _, Full, combinators::BoxBody};
+use hyper::body::Incoming;
+use hyper::{Request, Response, StatusCode, header};
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use subtle::ConstantTimeEq as _;
+use tokio_util::sync::CancellationToken;
+
+use super::Server;
+
+/// The path the server answers on.
+pub const MCP_PATH: &str = "/mcp";
+
+/// The flags of the HTTP transport.
+#[derive(Args, Clone, Debug)]
+pub struct HttpArgs {
+    /// Serve MCP over streamable HTTP on this address (such as
+    /// `127.0.0.1:7331`) instead of stdio.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
+    /// A file holding the bearer token clients must send (surrounding
+    /// whitespace is ignored).
+    #[arg(long, value_name = "PATH", requires = "http", conflicts_with = "token_env")]
+    pub token_file: Option<PathBuf>,
+    /// An environment variable holding the bearer token clients must send.
+    #[arg(long, value_name = "NAME", requires = "http")]
+    pub token_env: Option<String>,
+    /// A `Host` the server answers to, beside `localhost`, `127.0.0.1` and
+    /// `::1` (repeat for more): the names clients reach it by.
+    #[arg(long = "allow-host", value_name = "HOST", requires = "http")]
+    pub allow_hosts: Vec<String>,
+    /// A browser `Origin` allowed to call (such as
+    /// `https://app.example.com:443`; repeat for more). Any other `Origin`
+    /// is refused; a request with none (a program, not a page) passes.
+    #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
+    pub allow_origins: Vec<String>,
+    /// The largest request body accepted, in KiB; a larger one gets `413`
+    /// before it is parsed.
+    #[arg(long, value_name = "KIB", default_value_t = 4096 + 64, requires = "http")]
+    pub max_body_kib: usize,
+    /// Seconds a client may take to send a request's head, and a
+    /// connection may stay idle, before it is cut off.
+    #[arg(long, value_name = "SECS", default_value_t = 30, requires = "http")]
+    pub idle_timeout_secs: u64,
+}
+
+/// The bearer token of `args`, if it names one; an error names what could
+/// not be read.
+fn token(args: &HttpArgs) -> Result<Option<Arc<[u8]>>> {
+    let text = match (&args.token_file, &args.token_env) {
+        (Some(path), _) => std::fs::read_to_string(path)
+            .with_context(|| format!("failed to read the token file {}", path.display()))?,
+        (None, Some(name)) => {
+            std::env::var(name).with_context(|| format!("the token variable {name} is not set"))?
+        }
+        (None, None) => return Ok(None),
+    };
+    let token = text.trim();
+    if token.is_empty() {
+        bail!("the bearer token is empty");
+    }
+    Ok(Some(token.as_bytes().into()))
+}
+
+/// Serve `server` on `addr` until the process is stopped.
+pub async fn serve(server: Server, addr: SocketAddr, args: &HttpArgs) -> Result<()> {
+    let token = token(args)?;
+    if token.is_none() && !addr.ip().is_loopback() {
+        bail!(
+            "refusing to serve on {addr} without a bearer token: it is not a loopback address; \
+             give --token-file or --token-env"
+        );
+    }
+    let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+    hosts.extend(args.allow_hosts.iter().cloned());
+    let cancel = CancellationToken::new();
+    let config = StreamableHttpServerConfig::default()
+        .with_allowed_hosts(hosts)
+        .with_allowed_origins(args.allow_origins.iter().cloned())
+        .enforce_origin_validation()
+        .with_max_request_body_bytes(args.max_body_kib << 10)
+        .with_cancellation_token(cancel.child_token());
+    let mcp = StreamableHttpService::new(
+        move || Ok(server.clone()),
+        Arc::new(LocalSessionManager::default()),
+        config,
+    );
+    let listener =
+        tokio::net::TcpListener::bind(addr).await.with_context(|| format!("failed to listen on {addr}"))?;
+    let bound = listener.local_addr()?;
+    tracing::info!("serving MCP on http://{bound}{MCP_PATH}");
+    // The address actually bound, for whoever started us with port 0.
+    eprintln!("keel: serving MCP on http://{bound}{MCP_PATH}");
+    let idle = Duration::from_secs(args.idle_timeout_secs.max(1));
+    loop {
+        let (stream, peer) = match listener.accept().await {
+            Ok(accepted) => accepted,
+            Err(error) => {
+                // One failed accept (a client gone, descriptors short) loses
+                // that connection only.
+                tracing::warn!("failed to accept a connection: {error}");
+                continue;
+            }
+        };
+        let (mcp, token) = (mcp.clone(), token.clone());
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |request| {
+                let (mut mcp, token) = (mcp.clone(), token.clone());
+                async move { Ok::<_, Infallible>(gate(request, token.as_deref(), &mut mcp).await) }
+            });
+            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+            builder.http1().timer(TokioTimer::new()).header_read_timeout(idle);
+            builder.http2().timer(TokioTimer::new()).keep_alive_interval(idle / 2).keep_alive_timeout(idle);
+            let connection = builder.serve_connection(TokioIo::new(stream), service);
+            if let Err(error) = connection.await {
+                tracing::debug!(%peer, "connection ended: {error}");
+            }
+        });
+    }
+}
+
+type Body = BoxBody<Bytes, Infallible>;
+
+/// `/mcp` and the token, then rmcp; anything else answered here.
+async fn gate<S>(request: Request<Incoming>, token: Option<&[u8]>, mcp: &mut S) -> Response<Body>
+where
+    S: tower_service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>,
+{
+    if request.uri().path() != MCP_PATH {
+        return plain(StatusCode::NOT_FOUND, format!("not found: keel serves MCP on {MCP_PATH}\n"));
+    }
+    if let Some(token) = token
+        && !bearer_matches(request.headers().get(header::AUTHORIZATION), token)
+    {
+        let mut response =
+            plain(StatusCode::UNAUTHORIZED, "a bearer token is required: Authorization: Bearer TOKEN\n");
+        response.headers_mut().insert(
+            header::WWW_AUTHENTICATE,
+            header::HeaderValue::from_static("Bearer realm=\"keel\", error=\"invalid_token\""),
+        );
+        return response;
+    }
+    match mcp.call(request).await {
+        Ok(response) => response,
+        Err(never) => match never {},
+    }
+}
+
+/// Whether `value` is `Bearer <token>`, compared in constant time.
+fn bearer_matches(value: Option<&header::HeaderValue>, token: &[u8]) -> bool {
+    let Some(value) = value else { return false };
+    let bytes = value.as_bytes();
+    let Some(given) = bytes.strip_prefix(b"Bearer ").or_else(|| bytes.strip_prefix(b"bearer ")) else {
+        return false;
+    };
+    given.ct_eq(token).into()
+}
+
+fn plain(status: StatusCode, text: impl Into<String>) -> Response<Body> {
+    let mut response = Response::new(Full::new(Bytes::from(text.into())).boxed());
+    *response.status_mut() = status;
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("text/plain; charset=utf-8"));
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_the_exact_bearer_token_matches() {
+        let value = |text: &str| header::HeaderValue::from_str(text).unwrap();
+        assert!(bearer_matches(Some(&value("Bearer s3cret")), b"s3cret"));
+        assert!(!bearer_matches(Some(&value("Bearer s3cre")), b"s3cret"));
+        assert!(!bearer_matches(Some(&value("Bearer s3cret2")), b"s3cret"));
+        assert!(!bearer_matches(Some(&value("Basic s3cret")), b"s3cret"));
+        assert!(!bearer_matches(Some(&value("s3cret")), b"s3cret"));
+        assert!(!bearer_matches(None, b"s3cret"));
+    }
+}

@@ -1,0 +1,273 @@
+//! `keel serve --http`: a real server process on a loopback port, spoken to
+//! over real HTTP connections: sessions for older clients, the stateless
+//! 2026-07-28 protocol, the bearer token, the Host and Origin checks, the
+//! body cap, and the listing of rich results.
+
+use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::net::{SocketAddr, TcpStream};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use serde_json::{Value, json};
+
+/// The example tools bundled with keel that these tests load.
+const TOOLS: [&str; 3] = ["echo", "grep", "wc"];
+
+/// A `keel serve --http` process; killed when dropped.
+struct Serving {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `keel serve --http 127.0.0.1:0` over `workspace` with `flags`, and
+/// wait for the line that names the address it bound.
+fn serve(workspace: &Path, flags: &[&str]) -> Serving {
+    let mut command = command(workspace, flags);
+    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let addr = loop {
+        let line = lines.next().expect("keel serve names its address before it stops").unwrap();
+        if let Some(rest) = line.strip_prefix("keel: serving MCP on http://") {
+            break rest.trim_end_matches("/mcp").parse().unwrap();
+        }
+    };
+    // Drain the rest, so the child never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Serving { child, addr }
+}
+
+fn command(workspace: &Path, flags: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command.arg("serve");
+    for tool in TOOLS {
+        command
+            .arg("--plugins")
+            .arg(Path::new(env!("KEEL_BUNDLED_TOOLS_DIR")).join(format!("keel_tool_{tool}.wasm")));
+    }
+    command
+        .args(flags)
+        .current_dir(workspace)
+        .env("KEEL_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache"))
+        .env_remove("KEEL_LOG");
+    command
+}
+
+/// A response: status, headers (names lowercase) and body.
+struct Reply {
+    status: u16,
+    headers: Vec<(String, String)>,
+    body: String,
+}
+
+impl Reply {
+    fn header(&self, name: &str) -> Option<&str> {
+        self.headers.iter().find(|(key, _)| key == name).map(|(_, value)| value.as_str())
+    }
+
+    /// The JSON-RPC message of the body: the body itself, or the last
+    /// `data:` event of a stream.
+    fn message(&self) -> Value {
+        if let Ok(value) = serde_json::from_str(&self.body) {
+            return value;
+        }
+        let data = self
+            .body
+            .lines()
+            .filter_map(|line| line.strip_prefix("data: "))
+            .rfind(|data| data.starts_with('{'))
+            .unwrap_or_else(|| panic!("a JSON-RPC message in {:?}", self.body));
+        serde_json::from_str(data).unwrap()
+    }
+}
+
+/// One HTTP/1.1 request on a connection of its own, read to its end.
+fn request(addr: SocketAddr, method: &str, path: &str, headers: &[(&str, &str)], body: &str) -> Reply {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut head =
+        format!("{method} {path} HTTP/1.1\r\nconnection: close\r\ncontent-length: {}\r\n", body.len());
+    if !headers.iter().any(|(name, _)| name.eq_ignore_ascii_case("host")) {
+        head.push_str(&format!("host: 127.0.0.1:{}\r\n", addr.port()));
+    }
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    stream.write_all(head.as_bytes()).unwrap();
+    // A server may answer before the whole body is sent (a body over the
+    // cap); a write it no longer reads is not the test's failure.
+    let _ = stream.write_all(body.as_bytes());
+    let mut raw = Vec::new();
+    let _ = stream.read_to_end(&mut raw);
+    let text = String::from_utf8_lossy(&raw).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let mut lines = head.lines();
+    let status =
+        lines.next().and_then(|line| line.split(' ').nth(1)).and_then(|code| code.parse().ok()).unwrap();
+    let headers: Vec<(String, String)> = lines
+        .filter_map(|line| line.split_once(':'))
+        .map(|(name, value)| (name.trim().to_ascii_lowercase(), value.trim().to_string()))
+        .collect();
+    let chunked =
+        headers.iter().any(|(name, value)| name == "transfer-encoding" && value.contains("chunked"));
+    let body = if chunked { dechunk(body) } else { body.to_string() };
+    Reply { status, headers, body }
+}
+
+fn dechunk(mut body: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, rest)) = body.split_once("\r\n") {
+        let Ok(size) = usize::from_str_radix(size.trim(), 16) else { break };
+        if size == 0 || rest.len() < size {
+            break;
+        }
+        out.push_str(&rest[..size]);
+        body = rest[size..].trim_start_matches("\r\n");
+    }
+    out
+}
+
+const ACCEPT: (&str, &str) = ("accept", "application/json, text/event-stream");
+const JSON: (&str, &str) = ("content-type", "application/json");
+
+fn initialize() -> String {
+    json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "test", "version": "1" }
+    }})
+    .to_string()
+}
+
+/// A stateless 2026-07-28 `tools/call`, with the headers and metadata that
+/// version asks of every request.
+fn stateless_call(addr: SocketAddr, extra: &[(&str, &str)], name: &str, arguments: &Value) -> Reply {
+    let body = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+        "name": name, "arguments": arguments,
+        "_meta": {
+            "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientInfo": { "name": "test", "version": "1" }
+        }
+    }})
+    .to_string();
+    let mut headers = vec![
+        ACCEPT,
+        JSON,
+        ("mcp-protocol-version", "2026-07-28"),
+        ("mcp-method", "tools/call"),
+        ("mcp-name", name),
+    ];
+    headers.extend_from_slice(extra);
+    request(addr, "POST", "/mcp", &headers, &body)
+}
+
+#[test]
+fn an_older_client_gets_a_session_and_sees_rich_results_listed() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &["--http", "127.0.0.1:0"]);
+    let reply = request(server.addr, "POST", "/mcp", &[ACCEPT, JSON], &initialize());
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.message()["result"]["serverInfo"]["name"], "keel");
+    let session = reply.header("mcp-session-id").expect("a session for a 2025-06-18 client").to_string();
+    let in_session =
+        [ACCEPT, JSON, ("mcp-session-id", session.as_str()), ("mcp-protocol-version", "2025-06-18")];
+    let initialized = json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }).to_string();
+    assert_eq!(request(server.addr, "POST", "/mcp", &in_session, &initialized).status, 202);
+
+    let list = json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/list" }).to_string();
+    let tools = request(server.addr, "POST", "/mcp", &in_session, &list).message();
+    let tools = tools["result"]["tools"].as_array().unwrap().clone();
+    let wc = tools.iter().find(|tool| tool["name"] == "wc").expect("wc is listed");
+    assert_eq!(wc["outputSchema"]["type"], "object", "a structured tool lists its output schema: {wc}");
+    assert!(wc["outputSchema"]["properties"]["lines"].is_object(), "{wc}");
+
+    std::fs::write(workspace.path().join("notes.txt"), "one two\nthree\n").unwrap();
+    let call = json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                       "params": { "name": "wc", "arguments": { "file_path": "notes.txt" } } })
+    .to_string();
+    let result = request(server.addr, "POST", "/mcp", &in_session, &call).message();
+    assert_eq!(result["result"]["structuredContent"]["words"], 3, "{result}");
+    assert_eq!(result["result"]["isError"], false);
+}
+
+#[test]
+fn a_stateless_client_calls_without_a_session() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &["--http", "127.0.0.1:0"]);
+    let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "héllo" }));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(reply.header("mcp-session-id").is_none(), "no session on 2026-07-28");
+    assert_eq!(reply.message()["result"]["content"], json!([{ "type": "text", "text": "héllo" }]));
+    // An unknown tool is a result with an error, and the server goes on.
+    let reply = stateless_call(server.addr, &[], "nope", &json!({}));
+    assert_eq!(reply.message()["result"]["isError"], true, "{}", reply.body);
+    let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "still here" }));
+    assert_eq!(reply.message()["result"]["content"][0]["text"], "still here");
+}
+
+#[test]
+fn only_a_request_with_the_right_token_reaches_the_tools() {
+    let workspace = tempfile::tempdir().unwrap();
+    let token = workspace.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let server = serve(workspace.path(), &["--http", "127.0.0.1:0", "--token-file", token.to_str().unwrap()]);
+    let echo = json!({ "text": "in" });
+    for authorization in
+        [None, Some("Bearer wrong-token"), Some("Bearer s3cret-toke"), Some("Basic s3cret-token")]
+    {
+        let extra: Vec<(&str, &str)> =
+            authorization.map(|value| ("authorization", value)).into_iter().collect();
+        let reply = stateless_call(server.addr, &extra, "echo", &echo);
+        assert_eq!(reply.status, 401, "{authorization:?}: {}", reply.body);
+        assert!(reply.header("www-authenticate").is_some_and(|value| value.starts_with("Bearer")));
+    }
+    let reply = stateless_call(server.addr, &[("authorization", "Bearer s3cret-token")], "echo", &echo);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.message()["result"]["content"][0]["text"], "in");
+}
+
+#[test]
+fn a_non_loopback_address_without_a_token_is_refused_at_start() {
+    let workspace = tempfile::tempdir().unwrap();
+    let output = command(workspace.path(), &["--http", "0.0.0.0:0"]).output().unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr
+            .contains("refusing to serve on 0.0.0.0:0 without a bearer token: it is not a loopback address"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn a_forged_host_or_origin_and_an_oversized_body_are_refused() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &["--http", "127.0.0.1:0", "--max-body-kib", "1"]);
+    let reply =
+        request(server.addr, "POST", "/mcp", &[ACCEPT, JSON, ("host", "evil.example")], &initialize());
+    assert_eq!(reply.status, 403, "a rebinding name: {}", reply.body);
+    let reply = request(
+        server.addr,
+        "POST",
+        "/mcp",
+        &[ACCEPT, JSON, ("origin", "http://evil.example")],
+        &initialize(),
+    );
+    assert_eq!(reply.status, 403, "a page of another origin: {}", reply.body);
+    let big = json!({ "text": "x".repeat(4096) });
+    let reply = stateless_call(server.addr, &[], "echo", &big);
+    assert_eq!(reply.status, 413, "{}", reply.body);
+    let reply = request(server.addr, "GET", "/elsewhere", &[], "");
+    assert_eq!(reply.status, 404);
+    assert!(reply.body.contains("/mcp"));
+    // And the server still serves.
+    let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "fine" }));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+}
