@@ -271,3 +271,23 @@ fn a_forged_host_or_origin_and_an_oversized_body_are_refused() {
     let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "fine" }));
     assert_eq!(reply.status, 200, "{}", reply.body);
 }
+
+#[test]
+fn two_replicas_serve_one_stateless_client_alternately() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("notes.txt"), "one two\nthree\n").unwrap();
+    let replicas = [
+        serve(workspace.path(), &["--http", "127.0.0.1:0"]),
+        serve(workspace.path(), &["--http", "127.0.0.1:0"]),
+    ];
+    assert_ne!(replicas[0].addr, replicas[1].addr);
+    for round in 0..6 {
+        let replica = &replicas[round % 2];
+        let text = format!("round {round}");
+        let reply = stateless_call(replica.addr, &[], "echo", &json!({ "text": text }));
+        assert_eq!(reply.status, 200, "replica {}: {}", round % 2, reply.body);
+        assert_eq!(reply.message()["result"]["content"][0]["text"], text.as_str());
+        let reply = stateless_call(replica.addr, &[], "wc", &json!({ "file_path": "notes.txt" }));
+        assert_eq!(reply.message()["result"]["structuredContent"]["lines"], 2, "{}", reply.body);
+    }
+}
