@@ -575,3 +575,39 @@ fn a_missing_plugin_path_is_refused_saying_what_to_pass() {
          (cargo puts them in target/wasm32-wasip2/release/)\n"
     );
 }
+
+#[test]
+fn a_request_too_large_to_read_gets_an_error_reply_to_its_id_and_the_server_goes_on() {
+    use std::io::{BufRead as _, Write as _};
+    let workspace = tempfile::tempdir().unwrap();
+    let mut child = keel_command(workspace.path(), &keel_args("serve", &[], &[]))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr_file(workspace.path()))
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let mut send = |message: Value| writeln!(stdin, "{message}").unwrap();
+    send(json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "1" } } }));
+    send(json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
+    let huge = "x".repeat(17 << 20);
+    send(json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                 "params": { "name": "echo", "arguments": { "text": huge } } }));
+    send(json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                 "params": { "name": "echo", "arguments": { "text": "after" } } }));
+    let mut replies = std::collections::BTreeMap::new();
+    while replies.len() < 3 {
+        let line = stdout.next().expect("a reply for every request").unwrap();
+        let reply: Value = serde_json::from_str(&line).unwrap();
+        if let Some(id) = reply["id"].as_u64() {
+            replies.insert(id, reply);
+        }
+    }
+    let message = replies[&2]["error"]["message"].as_str().unwrap();
+    assert!(message.contains("over the 16 MiB limit of one message"), "{message}");
+    assert_eq!(replies[&3]["result"]["content"][0]["text"], "after");
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -17,6 +17,7 @@
 
 mod arrivals;
 mod http;
+mod oversized;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -30,9 +31,9 @@ use keel_host::pool::definitions::model_description;
 use keel_host::tool::{ToolOrigin, ToolSpec};
 use keel_host::{Arrival, CallStream, Event, Host, Interrupt, ToolResult, ToolUse};
 use rmcp::model::{
-    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject,
-    ListToolsResult, PaginatedRequestParams, ProgressNotificationParam, ProgressToken, ServerCapabilities,
-    ServerConfig, ToolAnnotations,
+    CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest, CustomResult,
+    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
+    ProgressToken, ServerCapabilities, ServerConfig, ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::async_rw::AsyncRwTransport;
@@ -78,7 +79,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             return http::serve(server, addr, &args.http).await;
         }
         let (stdin, stdout) = rmcp::transport::stdio_pipes();
-        let transport = Arrivals::new(AsyncRwTransport::new_server(stdin, stdout), server.stream.clone());
+        let stdin = oversized::BoundedLines::new(stdin, oversized::MAX_MESSAGE_BYTES);
+        // The lines are bounded below; a stand-in for one too large is short.
+        let rw =
+            AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(oversized::MAX_MESSAGE_BYTES);
+        let transport = Arrivals::new(rw, server.stream.clone());
         tracing::info!("serving {} tools over MCP on stdio", server.tools.len());
         let service = server.serve(transport).await.context("failed to start the MCP session")?;
         service.waiting().await.context("the MCP session failed")?;
@@ -173,6 +178,24 @@ impl ServerHandler for Server {
                 "Each tool runs as a WebAssembly component in a fresh sandbox with access to the \
                  workspace only.",
             )
+    }
+
+    async fn on_custom_request(
+        &self,
+        request: CustomRequest,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<CustomResult, ErrorData> {
+        if request.method == oversized::TOO_LARGE_METHOD {
+            let bytes = request.params.as_ref().and_then(|params| params["bytes"].as_u64()).unwrap_or(0);
+            return Err(ErrorData::invalid_request(
+                format!(
+                    "the request was not read: it is {bytes} bytes, over the {} MiB limit of one message",
+                    oversized::MAX_MESSAGE_BYTES >> 20
+                ),
+                None,
+            ));
+        }
+        Err(ErrorData::new(rmcp::model::ErrorCode::METHOD_NOT_FOUND, request.method, None))
     }
 
     async fn list_tools(
