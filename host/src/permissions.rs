@@ -306,6 +306,8 @@ impl RuleDecision<'_> {
 /// A call waiting for a person's approval.
 #[derive(Clone, Debug, PartialEq)]
 pub struct ApprovalRequest {
+    /// The call's `tool_use` id.
+    pub tool_use_id: String,
     /// The tool's name.
     pub tool: String,
     /// The input the call would run with.
@@ -335,10 +337,22 @@ pub enum Approval {
 pub trait Prompter: Send + Sync {
     /// Ask about one call.
     async fn ask(&self, request: &ApprovalRequest) -> Approval;
+
+    /// Whether a person can be asked about the call `tool_use_id` at all.
+    /// A prompter that serves several clients (`keel serve`) answers per
+    /// call: only some clients can ask their user. Where it is false, a call
+    /// that needs approval is refused as in a run with no prompter, and so is
+    /// a tool that needs a person. Default: always.
+    fn can_ask(&self, tool_use_id: &str) -> bool {
+        let _ = tool_use_id;
+        true
+    }
 }
 
 /// A call about to run, as the permission check sees it.
 pub struct PendingCall<'a> {
+    /// The call's `tool_use` id.
+    pub tool_use_id: &'a str,
     /// The tool.
     pub spec: &'a ToolSpec,
     /// The input it would run with (after any update by the tool's check).
@@ -382,6 +396,12 @@ impl Permissions {
     /// one is not interactive, and refuses the tools that need a person.
     pub fn is_interactive(&self) -> bool {
         self.prompter.is_some()
+    }
+
+    /// Whether someone can be asked about the call `tool_use_id`: there is
+    /// a prompter, and it can ask about that call.
+    pub fn is_interactive_for(&self, tool_use_id: &str) -> bool {
+        self.prompter.as_ref().is_some_and(|prompter| prompter.can_ask(tool_use_id))
     }
 
     /// The configuration the rules came from.
@@ -458,13 +478,16 @@ impl Permissions {
                     }
                     _ => {}
                 }
-                let Some(prompter) = &self.prompter else {
+                let Some(prompter) =
+                    self.prompter.as_ref().filter(|prompter| prompter.can_ask(call.tool_use_id))
+                else {
                     return Err(format!(
                         "{name} requires approval, and no one can be asked in this run: {}",
                         reasons.join("; ")
                     ));
                 };
                 let request = ApprovalRequest {
+                    tool_use_id: call.tool_use_id.to_owned(),
                     tool: name.clone(),
                     input: call.input.clone(),
                     subject: call.subject,
@@ -706,6 +729,7 @@ mod tests {
     ) -> Result<(), String> {
         let input = json!({ "file_path": subject });
         let call = PendingCall {
+            tool_use_id: "toolu_1",
             spec: tool,
             input: &input,
             subject: subject.map(str::to_string),
@@ -780,6 +804,7 @@ mod tests {
         assert_eq!(
             *yes.1.lock().unwrap(),
             [ApprovalRequest {
+                tool_use_id: "toolu_1".into(),
                 tool: "write_file".into(),
                 input: json!({ "file_path": "docs/a.md" }),
                 subject: Some("docs/a.md".into()),

@@ -350,12 +350,14 @@ fn an_ask_goes_to_the_prompter_and_its_answer_decides() {
         asked,
         [
             ApprovalRequest {
+                tool_use_id: "yes".into(),
                 tool: "write_file".into(),
                 input: json!({ "file_path": "ok/a.txt", "content": "a" }),
                 subject: Some("ok/a.txt".into()),
                 reasons: vec!["the rule `write_file` asks for approval".into()],
             },
             ApprovalRequest {
+                tool_use_id: "no".into(),
                 tool: "write_file".into(),
                 input: json!({ "file_path": "b.txt", "content": "b" }),
                 subject: Some("b.txt".into()),
@@ -411,4 +413,36 @@ fn a_tool_that_needs_a_person_is_refused_when_no_one_can_be_asked() {
     let (_workspace, builder) = host_with("");
     let interactive = builder.tool(ask_user()).prompter(Arc::new(Reviewer::default()));
     assert_eq!(results(interactive, &call), [ToolResult::ok("q", "ran ask_user")]);
+}
+
+/// Can ask about the calls whose id starts with `person-` only, and allows
+/// every call it is asked about.
+struct SomeClients;
+
+#[async_trait]
+impl Prompter for SomeClients {
+    async fn ask(&self, _request: &ApprovalRequest) -> Approval {
+        Approval::Allow
+    }
+
+    fn can_ask(&self, tool_use_id: &str) -> bool {
+        tool_use_id.starts_with("person-")
+    }
+}
+
+#[test]
+fn a_prompter_that_can_ask_about_some_calls_only_is_a_person_for_those() {
+    let (_workspace, builder) = host_with("[permissions]\nask = [\"ask_user\"]\n");
+    let calls =
+        [ToolUse::new("person-1", "ask_user", json!({})), ToolUse::new("robot-1", "ask_user", json!({}))];
+    assert_eq!(
+        results(builder.tool(ask_user()).prompter(Arc::new(SomeClients)), &calls),
+        [
+            ToolResult::ok("person-1", "ran ask_user"),
+            ToolResult::error(
+                "robot-1",
+                "ask_user needs a person to interact with, and this run has no one to ask"
+            ),
+        ]
+    );
 }

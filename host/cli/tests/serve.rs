@@ -12,8 +12,11 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Stdio};
 use std::time::Duration;
 
+use std::sync::Arc;
+
 use rmcp::model::{
-    CallToolRequestParams, CallToolResult, ClientRequest, ProgressNotificationParam, Request, ServerResult,
+    CallToolRequestParams, CallToolResult, ClientConfig, ClientRequest, ElicitRequestParams, ElicitResult,
+    ElicitationAction, ElicitationCapability, ProgressNotificationParam, Request, ServerResult,
 };
 use rmcp::service::{NotificationContext, PeerRequestOptions, RunningService};
 use rmcp::transport::TokioChildProcess;
@@ -610,4 +613,83 @@ fn a_request_too_large_to_read_gets_an_error_reply_to_its_id_and_the_server_goes
     assert_eq!(replies[&3]["result"]["content"][0]["text"], "after");
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// A client whose user answers every approval question with `answer`,
+/// recording the questions.
+#[derive(Clone)]
+struct Approver {
+    answer: ElicitationAction,
+    asked: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+impl ClientHandler for Approver {
+    fn get_info(&self) -> ClientConfig {
+        let mut info = ClientConfig::default();
+        info.capabilities.elicitation = Some(ElicitationCapability::new());
+        info
+    }
+
+    async fn create_elicitation(
+        &self,
+        request: ElicitRequestParams,
+        _context: rmcp::service::RequestContext<RoleClient>,
+    ) -> Result<ElicitResult, rmcp::ErrorData> {
+        if let ElicitRequestParams::FormElicitationParams { message, .. } = &request {
+            self.asked.lock().unwrap().push(message.clone());
+        }
+        let result = ElicitResult::new(self.answer.clone());
+        Ok(if self.answer == ElicitationAction::Accept {
+            result.with_content(json!({ "approve": true }))
+        } else {
+            result
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_call_that_needs_approval_asks_the_clients_user() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("keel.toml"), "[permissions]\nask = [\"write_file\"]\n").unwrap();
+    let write = |name: &str| json!({ "file_path": name, "content": "x" });
+    for (answer, file, expected) in [
+        (ElicitationAction::Accept, "yes.txt", ok("Wrote 1 byte to")),
+        (ElicitationAction::Decline, "no.txt", error("Permission to use write_file denied by the user")),
+        (
+            ElicitationAction::Cancel,
+            "cancelled.txt",
+            error("Permission to use write_file denied by the user: the user cancelled the request"),
+        ),
+    ] {
+        let asked = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let approver = Approver { answer: answer.clone(), asked: asked.clone() };
+        let command =
+            tokio::process::Command::from(keel_command(workspace.path(), &keel_args("serve", &[], &[])));
+        let (transport, _) =
+            TokioChildProcess::builder(command).stderr(stderr_file(workspace.path())).spawn().unwrap();
+        let client = approver.serve(transport).await.expect("the MCP session initializes");
+        let Value::Object(arguments) = write(file) else { unreachable!() };
+        let result = client
+            .call_tool(CallToolRequestParams::new("write_file").with_arguments(arguments))
+            .await
+            .unwrap();
+        let (text, is_error) = text(&result);
+        assert!(text.starts_with(expected.0) && is_error == expected.1, "{answer:?}: {text}");
+        assert_eq!(
+            *asked.lock().unwrap(),
+            [format!("Allow write_file on {file}? the rule `write_file` asks for approval.")],
+            "the user is shown the tool, the subject and the reason"
+        );
+        assert_eq!(workspace.path().join(file).exists(), answer == ElicitationAction::Accept);
+        client.cancel().await.unwrap();
+    }
+
+    // A client that cannot ask its user gets the denial of a run with no one to ask.
+    let (client, _) = client(workspace.path(), &[], &[]).await;
+    let result = call(&client, "write_file", write("plain.txt")).await;
+    let (text, is_error) = text(&result);
+    assert!(is_error);
+    assert!(text.starts_with("write_file requires approval, and no one can be asked in this run"), "{text}");
+    assert!(!workspace.path().join("plain.txt").exists());
+    client.cancel().await.unwrap();
 }

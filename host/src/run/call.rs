@@ -57,7 +57,7 @@ pub async fn prepare(
         return Err(fail(unknown_tool(pool, &tool_use.name)));
     };
     let spec = entry.tool.spec();
-    if spec.requires_user_interaction && !pool.permissions().is_interactive() {
+    if spec.requires_user_interaction && !pool.permissions().is_interactive_for(&tool_use.id) {
         return Err(fail(format!(
             "{} needs a person to interact with, and this run has no one to ask",
             spec.name
@@ -159,7 +159,7 @@ impl Prepared {
             }
             PermissionDecision::Ask(message) => Some(message),
         };
-        if let Err(message) = authorize(pool, spec, &mut *invocation, tool_asks, interrupt).await {
+        if let Err(message) = authorize(pool, &id, spec, &mut *invocation, tool_asks, interrupt).await {
             return fail(message);
         }
         let call = invocation.call(cx);
@@ -218,6 +218,7 @@ fn result_of(
 /// interrupted never starts.
 async fn authorize(
     pool: &ToolPool,
+    tool_use_id: &str,
     spec: &ToolSpec,
     invocation: &mut dyn Invocation,
     tool_asks: Option<String>,
@@ -229,7 +230,7 @@ async fn authorize(
     } else {
         None
     };
-    let call = PendingCall { spec, input: invocation.input(), subject, tool_asks };
+    let call = PendingCall { tool_use_id, spec, input: invocation.input(), subject, tool_asks };
     tokio::select! {
         biased;
         verdict = permissions.authorize(call) => verdict,

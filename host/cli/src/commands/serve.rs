@@ -15,6 +15,7 @@
 //! goes on. On stdio, standard output carries the protocol only; logs go to
 //! stderr.
 
+mod approval;
 mod arrivals;
 mod http;
 mod oversized;
@@ -65,7 +66,14 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     runtime.block_on(async {
         let (config, _) = Config::discover(args.host.config.as_deref(), &std::env::current_dir()?)?;
         // Each call's result is final: no ledger to keep them stable.
-        let mut builder = args.host.builder_without_config()?.config(config).without_ledger();
+        // Calls that need approval ask the user of the client that made them.
+        let prompter = approval::ClientPrompter::default();
+        let mut builder = args
+            .host
+            .builder_without_config()?
+            .config(config)
+            .without_ledger()
+            .prompter(Arc::new(prompter.clone()));
         if let Some(dir) = session_dir(args.host.workspace.as_deref()) {
             builder = builder.session_dir(dir);
         }
@@ -74,7 +82,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             Some(path) => Some(EventLog::create(path)?),
             None => None,
         };
-        let server = Server::new(host, events);
+        let server = Server::new(host, events, prompter);
         if let Some(addr) = args.http.http {
             return http::serve(server, addr, &args.http).await;
         }
@@ -114,15 +122,17 @@ struct Server {
     stream: CallStream,
     tools: Arc<[rmcp::model::Tool]>,
     events: Option<Arc<EventLog>>,
+    /// Who a call that needs approval asks.
+    prompter: approval::ClientPrompter,
     /// Kept for as long as the stream runs its calls.
     _host: Arc<Host>,
 }
 
 impl Server {
-    fn new(host: Host, events: Option<EventLog>) -> Self {
+    fn new(host: Host, events: Option<EventLog>, prompter: approval::ClientPrompter) -> Self {
         let tools = mcp_tools(&host).into();
         let stream = host.stream(keel_host::context::initial());
-        Server { stream, tools, events: events.map(Arc::new), _host: Arc::new(host) }
+        Server { stream, tools, events: events.map(Arc::new), prompter, _host: Arc::new(host) }
     }
 
     /// One call from arrival to result. A cancellation interrupts the call
@@ -220,7 +230,9 @@ impl ServerHandler for Server {
             .meta
             .get_progress_token()
             .map(|token| ProgressForwarder::start(context.peer.clone(), token));
+        let registration = self.prompter.register(&tool_use.id, &context);
         let result = self.call(tool_use, arrival, &context.ct, progress).await;
+        drop(registration);
         let structured = result.structured.clone();
         let content = mcp_content(result.content);
         let mut result =
