@@ -46,6 +46,15 @@ pub enum Event {
         /// The rule or limit that refused it.
         reason: String,
     },
+    /// A running call sent a log line.
+    ToolLog {
+        /// Its `tool_use` id.
+        tool_use_id: String,
+        /// How much it matters.
+        level: crate::tool::LogLevel,
+        /// The line, secrets masked.
+        message: String,
+    },
     /// A call ended.
     CallFinished {
         /// Its `tool_use` id.
@@ -123,6 +132,7 @@ impl Event {
             Event::CallStarted { tool_use_id, .. }
             | Event::Progress { tool_use_id, .. }
             | Event::NetworkRefused { tool_use_id, .. }
+            | Event::ToolLog { tool_use_id, .. }
             | Event::CallFinished { tool_use_id, .. }
             | Event::ToolResult { tool_use_id, .. }
             | Event::ToolResultReplaced { tool_use_id, .. } => Some(tool_use_id),

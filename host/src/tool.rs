@@ -212,6 +212,26 @@ pub struct NetworkRefusal {
 /// Where a call's refused requests are reported, the moment they are refused.
 pub type RefusalSink = Arc<dyn Fn(&NetworkRefusal) + Send + Sync>;
 
+/// How much a tool's log line matters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LogLevel {
+    /// Step-by-step detail.
+    Trace,
+    /// Detail for the tool's author.
+    Debug,
+    /// What the tool is doing.
+    Info,
+    /// Something worth a look.
+    Warn,
+    /// Something failed.
+    Error,
+}
+
+/// Where a running call's log lines go, as the tool sends them (they go to
+/// the host's log too).
+pub type LogSink = Arc<dyn Fn(LogLevel, &str) + Send + Sync>;
+
 /// What a call is given besides its input.
 #[derive(Clone)]
 pub struct CallContext {
@@ -222,6 +242,8 @@ pub struct CallContext {
     pub progress: ProgressSink,
     /// Where refused network requests are reported.
     pub refused: RefusalSink,
+    /// Where the call's log lines go.
+    pub log: LogSink,
 }
 
 impl CallContext {
@@ -232,7 +254,12 @@ impl CallContext {
 
     /// [`CallContext::new`] with a context already shared.
     pub fn shared(context: Arc<Value>) -> Self {
-        CallContext { context, progress: Arc::new(|_| {}), refused: Arc::new(|_| {}) }
+        CallContext {
+            context,
+            progress: Arc::new(|_| {}),
+            refused: Arc::new(|_| {}),
+            log: Arc::new(|_, _| {}),
+        }
     }
 
     /// This context, sending progress reports to `sink`.

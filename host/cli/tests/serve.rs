@@ -693,3 +693,59 @@ async fn a_call_that_needs_approval_asks_the_clients_user() {
     assert!(!workspace.path().join("plain.txt").exists());
     client.cancel().await.unwrap();
 }
+
+/// A client that records the log messages it is sent.
+#[derive(Clone, Default)]
+struct LogReader(Arc<std::sync::Mutex<Vec<Value>>>);
+
+#[allow(deprecated, reason = "logging is what older clients use")]
+impl ClientHandler for LogReader {
+    async fn on_logging_message(
+        &self,
+        params: rmcp::model::LoggingMessageNotificationParam,
+        _context: NotificationContext<RoleClient>,
+    ) {
+        self.0.lock().unwrap().push(serde_json::to_value(&params).unwrap());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[allow(deprecated, reason = "logging is what older clients use")]
+async fn tool_log_lines_reach_the_client_at_the_level_it_asked_for() {
+    let workspace = tempfile::tempdir().unwrap();
+    let hostile = keel_tests::guest("keel_guest_hostile");
+    let reader = LogReader::default();
+    let command =
+        tokio::process::Command::from(keel_command(workspace.path(), &keel_args("serve", &[hostile], &[])));
+    let (transport, _) =
+        TokioChildProcess::builder(command).stderr(stderr_file(workspace.path())).spawn().unwrap();
+    let client = reader.clone().serve(transport).await.unwrap();
+    let log = json!({ "act": "log" });
+    let Value::Object(arguments) = log else { unreachable!() };
+    let call = || client.call_tool(CallToolRequestParams::new("hostile").with_arguments(arguments.clone()));
+    call().await.unwrap();
+    assert_eq!(reader.0.lock().unwrap().len(), 0, "nothing is sent before the client asks");
+
+    client.set_level(rmcp::model::SetLevelRequestParams::new(rmcp::model::LoggingLevel::Info)).await.unwrap();
+    call().await.unwrap();
+    // The server sends them before the result; the client library hands
+    // notifications to its handler on tasks of their own, so they may be
+    // seen a moment after the result.
+    for _ in 0..100 {
+        if reader.0.lock().unwrap().len() >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut sent = reader.0.lock().unwrap().clone();
+    sent.sort_by_key(|message| message["data"].as_str().unwrap().to_string());
+    assert_eq!(
+        sent,
+        [
+            json!({ "level": "error", "logger": "hostile", "data": "hostile: an error line" }),
+            json!({ "level": "info", "logger": "hostile", "data": "hostile: an info line" }),
+        ],
+        "info and above, and nothing below"
+    );
+    client.cancel().await.unwrap();
+}

@@ -862,6 +862,7 @@ impl Invocation for PluginInvocation {
         sandbox.report_progress_to(cx.progress.clone());
         sandbox.open_network(open_world);
         sandbox.report_refusals_to(cx.refused.clone());
+        sandbox.report_logs_to(cx.log.clone());
         // The questions' context, as they were given it, unless the call is
         // handed another.
         let context = if Arc::ptr_eq(&cx.context, &this.context) {

@@ -44,7 +44,7 @@ use crate::limits::{LimitKind, Limits, human_bytes, units};
 use crate::load::bindings::{Guest, GuestPre, LogLevel, log_level_of_v0_2, v0_2, v0_3};
 use crate::load::egress::{Egress, Scrubber};
 use crate::load::grants::{Access, PluginGrant};
-use crate::tool::{CallError, ProgressSink, RefusalSink};
+use crate::tool::{CallError, LogSink, ProgressSink, RefusalSink};
 
 /// How often the engine's epoch advances: the granularity of deadlines, and
 /// how often a long-running guest yields to let other calls on its thread
@@ -224,6 +224,7 @@ pub struct SandboxState {
     limiter: CallLimiter,
     plugin: Arc<str>,
     progress: Option<ProgressSink>,
+    log: Option<LogSink>,
     deadline: Instant,
     deadline_limit: Duration,
     fuel_limit: FuelLimit,
@@ -288,6 +289,9 @@ impl v0_3::keel::tool::host::Host for SandboxState {
             LogLevel::Warn => tracing::warn!(plugin, "{message}"),
             LogLevel::Error => tracing::error!(plugin, "{message}"),
         }
+        if let Some(sink) = &self.log {
+            sink(tool_log_level(level), &message);
+        }
     }
 }
 
@@ -315,6 +319,7 @@ impl SandboxState {
             limiter: CallLimiter { memory: usize::MAX, table_elements: usize::MAX, hit: None },
             plugin,
             progress: None,
+            log: None,
             deadline,
             deadline_limit: Duration::from_secs(3600),
             fuel_limit: FuelLimit { kind: LimitKind::Fuel, fuel: u64::MAX },
@@ -345,6 +350,17 @@ impl SandboxState {
     fn log_output(&self) {
         log_captured(&self.plugin, "stdout", &self.stdout, &self.scrubber);
         log_captured(&self.plugin, "stderr", &self.stderr, &self.scrubber);
+    }
+}
+
+/// A contract log level as the host's tools name it.
+fn tool_log_level(level: LogLevel) -> crate::tool::LogLevel {
+    match level {
+        LogLevel::Trace => crate::tool::LogLevel::Trace,
+        LogLevel::Debug => crate::tool::LogLevel::Debug,
+        LogLevel::Info => crate::tool::LogLevel::Info,
+        LogLevel::Warn => crate::tool::LogLevel::Warn,
+        LogLevel::Error => crate::tool::LogLevel::Error,
     }
 }
 
@@ -569,6 +585,7 @@ impl Sandbox {
             limiter: CallLimiter { memory: limits.memory, table_elements: limits.table_elements, hit: None },
             plugin,
             progress: None,
+            log: None,
             deadline: started + QUERY_DEADLINE,
             deadline_limit: QUERY_DEADLINE,
             fuel_limit: fuel.1,
@@ -656,6 +673,11 @@ impl Sandbox {
     /// call's `is-open-world` answer allow; questions never get it.
     pub fn open_network(&mut self, open_world: bool) {
         self.store.data_mut().egress.open(open_world);
+    }
+
+    /// Send the guest's log lines to `sink` too.
+    pub fn report_logs_to(&mut self, sink: LogSink) {
+        self.store.data_mut().log = Some(sink);
     }
 
     /// Report the requests the network refuses to `sink`.

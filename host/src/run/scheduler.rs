@@ -659,6 +659,7 @@ async fn run_one(
     });
     let (progress_events, progress_id) = (events.clone(), id.clone());
     let (refusal_events, refusal_id) = (events.clone(), id.clone());
+    let (log_events, log_id) = (events.clone(), id.clone());
     let cx = CallContext {
         context,
         progress: Arc::new(move |data| {
@@ -674,6 +675,13 @@ async fn run_one(
                     reason: refusal.reason.clone(),
                 },
             );
+        }),
+        log: Arc::new(move |level, message| {
+            emit_with(&log_events, || Event::ToolLog {
+                tool_use_id: log_id.clone(),
+                level,
+                message: message.to_owned(),
+            });
         }),
     };
     let (result, modifier) = call.run(pool, cx, interrupt).await;

@@ -29,7 +29,7 @@ use clap::Args;
 use keel_host::config::Config;
 use keel_host::load::{Access, Grants};
 use keel_host::pool::definitions::model_description;
-use keel_host::tool::{ToolOrigin, ToolSpec};
+use keel_host::tool::{LogLevel, ToolOrigin, ToolSpec};
 use keel_host::{Arrival, CallStream, Event, Host, Interrupt, ToolResult, ToolUse};
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest, CustomResult,
@@ -124,6 +124,9 @@ struct Server {
     events: Option<Arc<EventLog>>,
     /// Who a call that needs approval asks.
     prompter: approval::ClientPrompter,
+    /// The least level of tool log lines this client asked to be sent
+    /// (`logging/setLevel`); none are sent until it asks.
+    log_level: Arc<Mutex<Option<LogLevel>>>,
     /// Kept for as long as the stream runs its calls.
     _host: Arc<Host>,
 }
@@ -132,7 +135,20 @@ impl Server {
     fn new(host: Host, events: Option<EventLog>, prompter: approval::ClientPrompter) -> Self {
         let tools = mcp_tools(&host).into();
         let stream = host.stream(keel_host::context::initial());
-        Server { stream, tools, events: events.map(Arc::new), prompter, _host: Arc::new(host) }
+        Server {
+            stream,
+            tools,
+            events: events.map(Arc::new),
+            prompter,
+            log_level: Arc::default(),
+            _host: Arc::new(host),
+        }
+    }
+
+    /// This server for one more client: the same host and stream, and a
+    /// log level of the client's own.
+    fn for_client(&self) -> Self {
+        Server { log_level: Arc::default(), ..self.clone() }
     }
 
     /// One call from arrival to result. A cancellation interrupts the call
@@ -144,6 +160,7 @@ impl Server {
         arrival: Arrival,
         cancelled: &CancellationToken,
         progress: Option<ProgressForwarder>,
+        log: Option<LogForwarder>,
     ) -> ToolResult {
         let interrupt = Interrupt::new();
         if cancelled.is_cancelled() {
@@ -151,12 +168,19 @@ impl Server {
         }
         // Events have readers only with a progress token or an events file.
         let progress_sender = progress.as_ref().map(|forwarder| forwarder.sender.clone());
-        let sink = (progress_sender.is_some() || self.events.is_some()).then(|| {
+        let log_sender = log.as_ref().map(|forwarder| (forwarder.sender.clone(), forwarder.least));
+        let readers = progress_sender.is_some() || log_sender.is_some() || self.events.is_some();
+        let sink = readers.then(|| {
             let (events, progress) = (self.events.clone(), progress_sender);
             Arc::new(move |event: Event| {
                 if let (Some(progress), Event::Progress { data, .. }) = (&progress, &event) {
                     // The forwarder outlives the call; a send cannot fail.
                     let _ = progress.send(Some(data.clone()));
+                }
+                if let (Some((log, least)), Event::ToolLog { level, message, .. }) = (&log_sender, &event)
+                    && level >= least
+                {
+                    let _ = log.send(Some((*level, message.clone())));
                 }
                 if let Some(events) = &events {
                     events.write(&event);
@@ -176,18 +200,33 @@ impl Server {
         if let Some(progress) = progress {
             progress.finish().await;
         }
+        if let Some(log) = log {
+            log.finish().await;
+        }
         result
     }
 }
 
 impl ServerHandler for Server {
+    #[allow(deprecated, reason = "logging is deprecated from 2026-07-28 on; older clients still use it")]
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().build())
+        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_logging().build())
             .with_server_info(Implementation::new("keel", env!("CARGO_PKG_VERSION")))
             .with_instructions(
                 "Each tool runs as a WebAssembly component in a fresh sandbox with access to the \
                  workspace only.",
             )
+    }
+
+    #[allow(deprecated, reason = "logging is deprecated from 2026-07-28 on; older clients still use it")]
+    async fn set_level(
+        &self,
+        request: rmcp::model::SetLevelRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<(), ErrorData> {
+        *self.log_level.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
+            Some(log_level_of(request.level));
+        Ok(())
     }
 
     async fn on_custom_request(
@@ -231,7 +270,10 @@ impl ServerHandler for Server {
             .get_progress_token()
             .map(|token| ProgressForwarder::start(context.peer.clone(), token));
         let registration = self.prompter.register(&tool_use.id, &context);
-        let result = self.call(tool_use, arrival, &context.ct, progress).await;
+        let least = *self.log_level.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        let log =
+            least.map(|least| LogForwarder::start(context.peer.clone(), least, request.name.to_string()));
+        let result = self.call(tool_use, arrival, &context.ct, progress, log).await;
         drop(registration);
         let structured = result.structured.clone();
         let content = mcp_content(result.content);
@@ -311,6 +353,56 @@ fn annotations(spec: &ToolSpec, grants: &Grants) -> Option<ToolAnnotations> {
         (false, true) => annotations.read_only(true),
         (false, false) => annotations.read_only(true).destructive(false),
     })
+}
+
+/// The least of keel's levels that an MCP level asks for.
+#[allow(deprecated, reason = "logging is deprecated from 2026-07-28 on; older clients still use it")]
+fn log_level_of(level: rmcp::model::LoggingLevel) -> LogLevel {
+    use rmcp::model::LoggingLevel as Mcp;
+    match level {
+        Mcp::Debug => LogLevel::Trace,
+        Mcp::Info | Mcp::Notice => LogLevel::Info,
+        Mcp::Warning => LogLevel::Warn,
+        Mcp::Error | Mcp::Critical | Mcp::Alert | Mcp::Emergency => LogLevel::Error,
+    }
+}
+
+/// Sends a call's log lines at `least` or above to the client as
+/// `notifications/message`, in order, the tool's name as the logger.
+struct LogForwarder {
+    sender: mpsc::UnboundedSender<Option<(LogLevel, String)>>,
+    least: LogLevel,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl LogForwarder {
+    #[allow(deprecated, reason = "logging is deprecated from 2026-07-28 on; older clients still use it")]
+    fn start(peer: Peer<RoleServer>, least: LogLevel, tool: String) -> Self {
+        use rmcp::model::{LoggingLevel as Mcp, LoggingMessageNotificationParam};
+        let (sender, mut lines) = mpsc::unbounded_channel::<Option<(LogLevel, String)>>();
+        let task = tokio::spawn(async move {
+            while let Some(Some((level, message))) = lines.recv().await {
+                let level = match level {
+                    LogLevel::Trace | LogLevel::Debug => Mcp::Debug,
+                    LogLevel::Info => Mcp::Info,
+                    LogLevel::Warn => Mcp::Warning,
+                    LogLevel::Error => Mcp::Error,
+                };
+                let notification =
+                    LoggingMessageNotificationParam::new(level, Value::String(message)).with_logger(&tool);
+                if let Err(error) = peer.notify_logging_message(notification).await {
+                    tracing::debug!("failed to send a log message: {error}");
+                }
+            }
+        });
+        LogForwarder { sender, least, task }
+    }
+
+    /// Send what is still queued, then stop.
+    async fn finish(self) {
+        let _ = self.sender.send(None);
+        let _ = self.task.await;
+    }
 }
 
 /// Sends a call's progress reports to the client as

@@ -21,7 +21,7 @@ use std::time::Duration;
 use keel_guest::__private::bindings::exports::keel::tool::guest::{Guest, ToolMetadata};
 use keel_guest::__private::bindings::keel::tool::host;
 use keel_guest::__private::bindings::keel::tool::types::{
-    CallOutput, CallPlan, ContentBlock, InterruptBehavior, PermissionDecision,
+    CallOutput, CallPlan, ContentBlock, InterruptBehavior, LogLevel, PermissionDecision,
 };
 use serde::Deserialize;
 
@@ -200,6 +200,12 @@ impl Guest for Hostile {
             "bad_progress" => {
                 host::progress("{not json");
                 ok("progress sent".into())
+            }
+            "log" => {
+                host::log(LogLevel::Debug, "hostile: a debug line");
+                host::log(LogLevel::Info, "hostile: an info line");
+                host::log(LogLevel::Error, "hostile: an error line");
+                ok("logged".into())
             }
             "bad_modifier" => Ok(text_output("ok".into(), Some("{not json".into()))),
             "flood" => {

@@ -109,7 +109,7 @@ pub async fn serve(server: Server, addr: SocketAddr, args: &HttpArgs) -> Result<
         .with_max_request_body_bytes(args.max_body_kib << 10)
         .with_cancellation_token(cancel.child_token());
     let mcp = StreamableHttpService::new(
-        move || Ok(server.clone()),
+        move || Ok(server.for_client()),
         Arc::new(LocalSessionManager::default()),
         config,
     );
