@@ -264,6 +264,7 @@ fn a_forged_host_or_origin_and_an_oversized_body_are_refused() {
     let big = json!({ "text": "x".repeat(4096) });
     let reply = stateless_call(server.addr, &[], "echo", &big);
     assert_eq!(reply.status, 413, "{}", reply.body);
+    assert!(reply.body.contains("1024 bytes"), "the refusal names the cap: {}", reply.body);
     let reply = request(server.addr, "GET", "/elsewhere", &[], "");
     assert_eq!(reply.status, 404);
     assert!(reply.body.contains("/mcp"));
@@ -290,4 +291,38 @@ fn two_replicas_serve_one_stateless_client_alternately() {
         let reply = stateless_call(replica.addr, &[], "wc", &json!({ "file_path": "notes.txt" }));
         assert_eq!(reply.message()["result"]["structuredContent"]["lines"], 2, "{}", reply.body);
     }
+}
+
+#[test]
+fn a_client_that_sends_nothing_is_cut_off_after_the_idle_timeout() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &["--http", "127.0.0.1:0", "--idle-timeout-secs", "1"]);
+    let mut silent = TcpStream::connect(server.addr).unwrap();
+    silent.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let started = std::time::Instant::now();
+    let mut byte = [0u8; 1];
+    // The server closes the connection (a read of 0 bytes, or a reset);
+    // a read that timed out would mean it never did.
+    match silent.read(&mut byte) {
+        Ok(0) => {}
+        Ok(_) => {}
+        Err(error) => assert!(
+            !matches!(error.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut),
+            "the idle connection was never cut off: {error}"
+        ),
+    }
+    assert!(started.elapsed() < Duration::from_secs(15));
+    // A slow client's head, sent a byte at a time past the timeout, is cut off too.
+    let mut slow = TcpStream::connect(server.addr).unwrap();
+    slow.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    slow.write_all(b"POST /mcp HTTP/1.1\r\n").unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = slow.write_all(b"host: 127.0.0.1\r\n");
+    let mut rest = Vec::new();
+    let _ = slow.read_to_end(&mut rest);
+    let text = String::from_utf8_lossy(&rest);
+    assert!(!text.contains("200 OK"), "a head sent slower than the timeout is not served: {text}");
+    // The server goes on.
+    let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "after" }));
+    assert_eq!(reply.status, 200, "{}", reply.body);
 }

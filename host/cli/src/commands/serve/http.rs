@@ -132,18 +132,133 @@ pub async fn serve(server: Server, addr: SocketAddr, args: &HttpArgs) -> Result<
         };
         let (mcp, token) = (mcp.clone(), token.clone());
         tokio::spawn(async move {
+            let activity = Activity::new();
+            let watched = Watched { inner: stream, activity: activity.clone() };
+            let in_service = activity.clone();
             let service = hyper::service::service_fn(move |request| {
-                let (mut mcp, token) = (mcp.clone(), token.clone());
-                async move { Ok::<_, Infallible>(gate(request, token.as_deref(), &mut mcp).await) }
+                let (mut mcp, token, activity) = (mcp.clone(), token.clone(), in_service.clone());
+                async move {
+                    let _busy = activity.busy();
+                    Ok::<_, Infallible>(gate(request, token.as_deref(), &mut mcp).await)
+                }
             });
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
             builder.http1().timer(TokioTimer::new()).header_read_timeout(idle);
             builder.http2().timer(TokioTimer::new()).keep_alive_interval(idle / 2).keep_alive_timeout(idle);
-            let connection = builder.serve_connection(TokioIo::new(stream), service);
-            if let Err(error) = connection.await {
-                tracing::debug!(%peer, "connection ended: {error}");
+            let connection = builder.serve_connection(TokioIo::new(watched), service);
+            tokio::select! {
+                outcome = connection => {
+                    if let Err(error) = outcome {
+                        tracing::debug!(%peer, "connection ended: {error}");
+                    }
+                }
+                () = activity.idle_for(idle) => tracing::debug!(%peer, "connection idle for {idle:?}: cut off"),
             }
         });
+    }
+}
+
+/// What one connection is doing: when it last moved a byte, and how many of
+/// its requests are being answered. A connection that moved nothing for the
+/// idle timeout while answering nothing is cut off; a long call keeps its
+/// connection, and an open event stream sends keep-alive events.
+#[derive(Clone)]
+struct Activity(Arc<ActivityState>);
+
+struct ActivityState {
+    since: std::sync::Mutex<tokio::time::Instant>,
+    busy: std::sync::atomic::AtomicUsize,
+}
+
+/// A request being answered; dropped when its handler returns.
+struct Busy(Activity);
+
+impl Drop for Busy {
+    fn drop(&mut self) {
+        self.0.0.busy.fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+        self.0.touch();
+    }
+}
+
+impl Activity {
+    fn new() -> Self {
+        Activity(Arc::new(ActivityState {
+            since: std::sync::Mutex::new(tokio::time::Instant::now()),
+            busy: std::sync::atomic::AtomicUsize::new(0),
+        }))
+    }
+
+    fn touch(&self) {
+        *self.0.since.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) = tokio::time::Instant::now();
+    }
+
+    fn busy(&self) -> Busy {
+        self.0.busy.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Busy(self.clone())
+    }
+
+    /// Resolves once the connection has been idle for `idle`.
+    async fn idle_for(&self, idle: Duration) {
+        loop {
+            let since = *self.0.since.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let busy = self.0.busy.load(std::sync::atomic::Ordering::Relaxed) > 0;
+            if !busy && since.elapsed() >= idle {
+                return;
+            }
+            let wait = if busy { idle } else { idle.saturating_sub(since.elapsed()) };
+            tokio::time::sleep(wait.max(Duration::from_millis(50))).await;
+        }
+    }
+}
+
+/// A connection's stream, noting every byte it moves in its [`Activity`].
+struct Watched<S> {
+    inner: S,
+    activity: Activity,
+}
+
+impl<S: tokio::io::AsyncRead + Unpin> tokio::io::AsyncRead for Watched<S> {
+    fn poll_read(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        let before = buf.filled().len();
+        let polled = std::pin::Pin::new(&mut self.inner).poll_read(cx, buf);
+        if buf.filled().len() > before {
+            self.activity.touch();
+        }
+        polled
+    }
+}
+
+impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
+    fn poll_write(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+        data: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        let polled = std::pin::Pin::new(&mut self.inner).poll_write(cx, data);
+        if let std::task::Poll::Ready(Ok(n)) = polled
+            && n > 0
+        {
+            self.activity.touch();
+        }
+        polled
+    }
+
+    fn poll_flush(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::pin::Pin::new(&mut self.inner).poll_shutdown(cx)
     }
 }
 
