@@ -50,6 +50,7 @@ pub struct HostBuilder {
     keep_ledger: bool,
     summarizer: Option<Arc<dyn Summarizer>>,
     environment: Option<Environment>,
+    preloaded: Vec<Arc<dyn Tool>>,
 }
 
 /// The bundled roots and the PEM files of `[network] roots`, read relative
@@ -70,6 +71,15 @@ fn trusted_roots(paths: &[PathBuf], workspace: &Path) -> Result<crate::load::net
 pub type Environment = Arc<dyn Fn(&str) -> Option<String> + Send + Sync>;
 
 impl HostBuilder {
+    /// Plugins loaded already ([`crate::load::PluginTool::load_with_grants`]),
+    /// joining the plugins found at the [`HostBuilder::plugins`] paths: a
+    /// server that reloads plugins while serving keeps the ones it has and
+    /// loads only what changed.
+    pub fn plugin_tools(mut self, tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
+        self.preloaded.extend(tools);
+        self
+    }
+
     /// Read the variables grants name from `environment` instead of the
     /// process environment: an embedder that keeps credentials elsewhere
     /// (a vault, a keyring) hands them to keel here, and they reach
@@ -164,24 +174,16 @@ impl HostBuilder {
         self
     }
 
-    /// Load every plugin and assemble the pool. Fails on the first plugin that
-    /// cannot be loaded, naming its file.
-    ///
-    /// Plugins load in parallel, up to one per core (see `load_plugins`);
-    /// the outcome is the same as loading them one after another: the pool,
-    /// the load reports in the order of the files, and the error of the
-    /// first file in that order that fails.
-    pub async fn build(self) -> Result<Host> {
-        let workspace = match self.workspace {
-            Some(dir) => dir,
+    /// The workspace, canonical, and the grants of the configuration
+    /// resolved against it, as the host would build them: for plugins loaded
+    /// ahead of the host ([`HostBuilder::plugin_tools`]).
+    pub fn resolve_grants(&self) -> Result<(PathBuf, Grants)> {
+        let workspace = match &self.workspace {
+            Some(dir) => dir.clone(),
             None => std::env::current_dir().map_err(|error| Error::io("read", ".", error))?,
         };
         let workspace =
             workspace.canonicalize().map_err(|error| Error::io("open workspace", &workspace, error))?;
-        let limits = self.config.limits.apply(self.limits);
-        // Meanwhile, on another core, what the first schema compiled needs.
-        let meta_schemas = tokio::task::spawn_blocking(crate::pool::schema::prepare_meta_schemas);
-        let runtime = Arc::new(Runtime::new(&limits, self.cache_dir)?);
         let mut grants = match &self.environment {
             Some(environment) => {
                 Grants::from_config_with_env(&self.config.plugins, &workspace, |name| environment(name))?
@@ -191,6 +193,33 @@ impl HostBuilder {
         if !self.config.network.roots.is_empty() {
             grants.trust(&trusted_roots(&self.config.network.roots, &workspace)?);
         }
+        Ok((workspace, grants))
+    }
+
+    /// The limits calls will run under: [`HostBuilder::limits`] with the
+    /// configuration's `[limits]` applied.
+    pub fn resolve_limits(&self) -> Limits {
+        self.config.limits.apply(self.limits)
+    }
+
+    /// Where the compile cache is.
+    pub fn cache(&self) -> Option<&Path> {
+        self.cache_dir.as_deref()
+    }
+
+    /// Load every plugin and assemble the pool. Fails on the first plugin that
+    /// cannot be loaded, naming its file.
+    ///
+    /// Plugins load in parallel, up to one per core (see `load_plugins`);
+    /// the outcome is the same as loading them one after another: the pool,
+    /// the load reports in the order of the files, and the error of the
+    /// first file in that order that fails.
+    pub async fn build(self) -> Result<Host> {
+        let (workspace, grants) = self.resolve_grants()?;
+        let limits = self.resolve_limits();
+        // Meanwhile, on another core, what the first schema compiled needs.
+        let meta_schemas = tokio::task::spawn_blocking(crate::pool::schema::prepare_meta_schemas);
+        let runtime = Arc::new(Runtime::new(&limits, self.cache_dir)?);
         let grants = Arc::new(grants);
 
         let mut builtins: Vec<Arc<dyn Tool>> = self.native;
@@ -220,6 +249,7 @@ impl HostBuilder {
             reports.push((plugin.spec().name.clone(), plugin.load_report().clone()));
             plugins.push(Arc::new(plugin));
         }
+        plugins.extend(self.preloaded);
         let mut permissions = Permissions::new(self.config.permissions.clone());
         if let Some(prompter) = self.prompter {
             permissions = permissions.with_prompter(prompter);
@@ -389,6 +419,7 @@ impl Host {
             keep_ledger: true,
             summarizer: None,
             environment: None,
+            preloaded: Vec::new(),
         }
     }
 

@@ -749,3 +749,109 @@ async fn tool_log_lines_reach_the_client_at_the_level_it_asked_for() {
     );
     client.cancel().await.unwrap();
 }
+
+/// A client that counts `notifications/tools/list_changed`.
+#[derive(Clone, Default)]
+struct ListWatcher(Arc<std::sync::atomic::AtomicUsize>);
+
+impl ClientHandler for ListWatcher {
+    async fn on_tool_list_changed(&self, _context: NotificationContext<RoleClient>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+/// Put `bytes` at `path` the way a deployment does: written beside it, then
+/// renamed over it, so no one reads a half-written file.
+fn put(path: &Path, bytes: &[u8]) {
+    let temporary = path.with_extension("partial");
+    std::fs::write(&temporary, bytes).unwrap();
+    std::fs::rename(&temporary, path).unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn plugins_added_changed_removed_or_broken_reload_while_a_call_is_in_flight() {
+    let workspace = tempfile::tempdir().unwrap();
+    let plugins = tempfile::tempdir().unwrap();
+    for tool in ["echo", "sleep"] {
+        std::fs::copy(bundled(tool), plugins.path().join(format!("{tool}.wasm"))).unwrap();
+    }
+    let mut args = vec![OsString::from("serve"), "--plugins".into(), plugins.path().into()];
+    args.push("--workspace".into());
+    args.push(workspace.path().into());
+    let command = tokio::process::Command::from(keel_command(workspace.path(), &args));
+    let (transport, _) =
+        TokioChildProcess::builder(command).stderr(stderr_file(workspace.path())).spawn().unwrap();
+    let watcher = ListWatcher::default();
+    let client = Arc::new(watcher.clone().serve(transport).await.unwrap());
+    let names = || {
+        let client = client.clone();
+        async move {
+            let tools = client.list_all_tools().await.unwrap();
+            tools.iter().map(|tool| tool.name.to_string()).collect::<Vec<_>>()
+        }
+    };
+    assert_eq!(names().await, ["Read", "echo", "sleep"]);
+    // Waits for the `n`th change, within a bound.
+    let changed = |n: usize| {
+        let counter = watcher.0.clone();
+        async move {
+            for _ in 0..200 {
+                if counter.load(std::sync::atomic::Ordering::SeqCst) >= n {
+                    return;
+                }
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            panic!("no tools/list_changed number {n} within 10 s");
+        }
+    };
+    let slow = |ms: u64| {
+        let client = client.clone();
+        tokio::spawn(async move {
+            let Value::Object(arguments) = json!({ "ms": ms }) else { unreachable!() };
+            client.call_tool(CallToolRequestParams::new("sleep").with_arguments(arguments)).await.unwrap()
+        })
+    };
+
+    // Added, while a call is in flight.
+    let in_flight = slow(1500);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    put(&plugins.path().join("wc.wasm"), &std::fs::read(bundled("wc")).unwrap());
+    changed(1).await;
+    assert_eq!(names().await, ["Read", "echo", "sleep", "wc"]);
+    assert_eq!(text(&in_flight.await.unwrap()), ok("Slept 1500 ms"), "it finished on the pool it began in");
+
+    // Changed: another component in sleep's file, while sleep runs.
+    let in_flight = slow(1500);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    put(&plugins.path().join("sleep.wasm"), &std::fs::read(bundled("hash")).unwrap());
+    changed(2).await;
+    assert_eq!(names().await, ["Read", "echo", "hash", "wc"]);
+    assert_eq!(text(&in_flight.await.unwrap()), ok("Slept 1500 ms"), "the old version finished its call");
+
+    // Broken: echo's file no longer holds a component; the old echo serves on.
+    put(&plugins.path().join("echo.wasm"), b"not a component");
+    tokio::time::sleep(reload_settle()).await;
+    let call = |tool: &'static str, arguments: Value| {
+        let client = client.clone();
+        async move {
+            let Value::Object(arguments) = arguments else { unreachable!() };
+            client.call_tool(CallToolRequestParams::new(tool).with_arguments(arguments)).await.unwrap()
+        }
+    };
+    assert_eq!(text(&call("echo", json!({ "text": "still" })).await), ok("still"));
+    let log = std::fs::read_to_string(workspace.path().with_extension("stderr")).unwrap();
+    assert!(log.contains("echo.wasm") && log.contains("the version loaded before keeps serving"), "{log}");
+
+    // Removed.
+    std::fs::remove_file(plugins.path().join("wc.wasm")).unwrap();
+    changed(3).await;
+    assert_eq!(names().await, ["Read", "echo", "hash"]);
+    let result = call("wc", json!({ "file_path": "x" })).await;
+    let (text, is_error) = text(&result);
+    assert!(is_error && text.starts_with("No such tool: wc"), "{text}");
+}
+
+/// Long enough for the server to look at its plugins twice over.
+fn reload_settle() -> Duration {
+    Duration::from_millis(2000)
+}

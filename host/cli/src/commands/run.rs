@@ -44,7 +44,7 @@ enum ResultFormat {
 }
 
 /// The flags every command that builds a host shares.
-#[derive(Args)]
+#[derive(Args, Clone)]
 pub struct HostArgs {
     /// A `.wasm` tool or a directory of them; repeatable. Default: the
     /// example tools bundled with this build.
@@ -190,9 +190,18 @@ impl HostArgs {
     /// A host builder for these flags, leaving the configuration to the
     /// caller.
     pub fn builder_without_config(&self) -> Result<HostBuilder> {
-        let mut builder = Host::builder();
+        let mut builder = self.builder_without_plugins();
+        for path in self.plugin_paths()? {
+            builder = builder.plugins(path);
+        }
+        Ok(builder)
+    }
+
+    /// Where the plugins are: the `--plugins` paths, else the bundled
+    /// tools. A path that does not exist is an error naming it.
+    pub fn plugin_paths(&self) -> Result<Vec<PathBuf>> {
         if self.plugins.is_empty() {
-            builder = builder.plugins(bundled_tools()?);
+            return Ok(vec![bundled_tools()?]);
         }
         for path in &self.plugins {
             if !path.exists() {
@@ -202,8 +211,14 @@ impl HostArgs {
                     path.display()
                 );
             }
-            builder = builder.plugins(path);
         }
+        Ok(self.plugins.clone())
+    }
+
+    /// [`HostArgs::builder_without_config`] with no plugins: workspace and
+    /// cache only.
+    pub fn builder_without_plugins(&self) -> HostBuilder {
+        let mut builder = Host::builder();
         if let Some(dir) = &self.workspace {
             builder = builder.workspace(dir);
         }
@@ -212,7 +227,7 @@ impl HostArgs {
         } else if let Some(dir) = &self.cache_dir {
             builder = builder.cache_dir(Some(dir.clone()));
         }
-        Ok(builder)
+        builder
     }
 }
 

@@ -19,6 +19,7 @@ mod approval;
 mod arrivals;
 mod http;
 mod oversized;
+mod reload;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -31,6 +32,7 @@ use keel_host::load::{Access, Grants};
 use keel_host::pool::definitions::model_description;
 use keel_host::tool::{LogLevel, ToolOrigin, ToolSpec};
 use keel_host::{Arrival, CallStream, Event, Host, Interrupt, ToolResult, ToolUse};
+
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest, CustomResult,
     Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
@@ -65,24 +67,45 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
         let (config, _) = Config::discover(args.host.config.as_deref(), &std::env::current_dir()?)?;
-        // Each call's result is final: no ledger to keep them stable.
         // Calls that need approval ask the user of the client that made them.
         let prompter = approval::ClientPrompter::default();
-        let mut builder = args
-            .host
-            .builder_without_config()?
-            .config(config)
-            .without_ledger()
-            .prompter(Arc::new(prompter.clone()));
-        if let Some(dir) = session_dir(args.host.workspace.as_deref()) {
-            builder = builder.session_dir(dir);
-        }
-        let host = builder.build().await?;
+        // One session directory for the server's life, reloads included:
+        // results persisted before a reload stay where they were shown.
+        let session = session_dir(args.host.workspace.as_deref());
+        let host_args = args.host.clone();
+        let asker = prompter.clone();
+        let builder = move || {
+            // Each call's result is final: no ledger to keep them stable.
+            let mut builder = host_args
+                .builder_without_plugins()
+                .config(config.clone())
+                .without_ledger()
+                .prompter(Arc::new(prompter.clone()));
+            if let Some(dir) = &session {
+                builder = builder.session_dir(dir.clone());
+            }
+            builder
+        };
+        let first = builder();
+        let (_, grants) = first.resolve_grants()?;
+        let limits = first.resolve_limits();
+        let runtime = Arc::new(keel_host::load::Runtime::new(&limits, first.cache().map(PathBuf::from))?);
+        let plugins = reload::Plugins::load(args.host.plugin_paths()?, runtime, grants, limits).await?;
+        let host = first.plugin_tools(plugins.tools()).build().await?;
         let events = match &args.events {
             Some(path) => Some(EventLog::create(path)?),
             None => None,
         };
-        let server = Server::new(host, events, prompter);
+        let server = Server::new(host, events, asker);
+        let watched = server.clone();
+        tokio::spawn(reload::watch(
+            plugins,
+            move || Ok(builder()),
+            move |host| {
+                let server = watched.clone();
+                async move { server.reloaded(host).await }
+            },
+        ));
         if let Some(addr) = args.http.http {
             return http::serve(server, addr, &args.http).await;
         }
@@ -91,8 +114,8 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         // The lines are bounded below; a stand-in for one too large is short.
         let rw =
             AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(oversized::MAX_MESSAGE_BYTES);
-        let transport = Arrivals::new(rw, server.stream.clone());
-        tracing::info!("serving {} tools over MCP on stdio", server.tools.len());
+        let transport = Arrivals::new(rw, server.live.clone());
+        tracing::info!("serving {} tools over MCP on stdio", server.live.current().tools.len());
         let service = server.serve(transport).await.context("failed to start the MCP session")?;
         service.waiting().await.context("the MCP session failed")?;
         anyhow::Ok(())
@@ -115,33 +138,92 @@ fn session_dir(workspace: Option<&std::path::Path>) -> Option<PathBuf> {
     Some(workspace.join(".keel/session").join(name))
 }
 
-/// The MCP server: one host, and the stream its calls arrive in. Clones
-/// share them: over HTTP, each session (or stateless request) gets a clone.
-#[derive(Clone)]
-struct Server {
+/// One version of the pool being served: the host, the stream its calls
+/// arrive in, and its tools as MCP lists them. A reload puts another in
+/// place; calls in flight keep the one they arrived in.
+pub struct Live {
     stream: CallStream,
     tools: Arc<[rmcp::model::Tool]>,
+    /// Kept for as long as calls of this version run.
+    _host: Host,
+}
+
+impl Live {
+    fn new(host: Host, context: serde_json::Value) -> Self {
+        let tools = mcp_tools(&host).into();
+        let stream = host.stream(context);
+        Live { stream, tools, _host: host }
+    }
+}
+
+/// Where the current [`Live`] is kept.
+#[derive(Clone)]
+pub struct Shelf(Arc<std::sync::RwLock<Arc<Live>>>);
+
+impl Shelf {
+    fn new(live: Live) -> Self {
+        Shelf(Arc::new(std::sync::RwLock::new(Arc::new(live))))
+    }
+
+    /// The version served now.
+    pub fn current(&self) -> Arc<Live> {
+        self.0.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Serve `live` from now on; the one it replaces lives on in the calls
+    /// that hold it.
+    fn replace(&self, live: Live) {
+        *self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(live);
+    }
+}
+
+/// The MCP server: the pool it serves now, and who it tells of changes.
+/// Clones share them: over HTTP, each session (or stateless request) gets a
+/// clone.
+#[derive(Clone)]
+struct Server {
+    live: Shelf,
+    /// The clients to tell when the tool list changes.
+    peers: Arc<Mutex<Vec<Peer<RoleServer>>>>,
     events: Option<Arc<EventLog>>,
     /// Who a call that needs approval asks.
     prompter: approval::ClientPrompter,
     /// The least level of tool log lines this client asked to be sent
     /// (`logging/setLevel`); none are sent until it asks.
     log_level: Arc<Mutex<Option<LogLevel>>>,
-    /// Kept for as long as the stream runs its calls.
-    _host: Arc<Host>,
 }
 
 impl Server {
     fn new(host: Host, events: Option<EventLog>, prompter: approval::ClientPrompter) -> Self {
-        let tools = mcp_tools(&host).into();
-        let stream = host.stream(keel_host::context::initial());
         Server {
-            stream,
-            tools,
+            live: Shelf::new(Live::new(host, keel_host::context::initial())),
+            peers: Arc::default(),
             events: events.map(Arc::new),
             prompter,
             log_level: Arc::default(),
-            _host: Arc::new(host),
+        }
+    }
+
+    /// Serve `host` from now on, carrying the context on, and tell every
+    /// client the tool list changed.
+    async fn reloaded(&self, host: Host) {
+        let context = self.live.current().stream.context();
+        self.live.replace(Live::new(host, context));
+        let peers: Vec<Peer<RoleServer>> =
+            self.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
+        let mut gone = Vec::new();
+        for (index, peer) in peers.iter().enumerate() {
+            if peer.notify_tool_list_changed().await.is_err() {
+                gone.push(index);
+            }
+        }
+        if !gone.is_empty() {
+            let mut peers = self.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            let mut index = 0;
+            peers.retain(|_| {
+                index += 1;
+                !gone.contains(&(index - 1))
+            });
         }
     }
 
@@ -210,12 +292,14 @@ impl Server {
 impl ServerHandler for Server {
     #[allow(deprecated, reason = "logging is deprecated from 2026-07-28 on; older clients still use it")]
     fn get_info(&self) -> ServerConfig {
-        ServerConfig::new(ServerCapabilities::builder().enable_tools().enable_logging().build())
-            .with_server_info(Implementation::new("keel", env!("CARGO_PKG_VERSION")))
-            .with_instructions(
-                "Each tool runs as a WebAssembly component in a fresh sandbox with access to the \
+        ServerConfig::new(
+            ServerCapabilities::builder().enable_tools().enable_tool_list_changed().enable_logging().build(),
+        )
+        .with_server_info(Implementation::new("keel", env!("CARGO_PKG_VERSION")))
+        .with_instructions(
+            "Each tool runs as a WebAssembly component in a fresh sandbox with access to the \
                  workspace only.",
-            )
+        )
     }
 
     #[allow(deprecated, reason = "logging is deprecated from 2026-07-28 on; older clients still use it")]
@@ -227,6 +311,10 @@ impl ServerHandler for Server {
         *self.log_level.lock().unwrap_or_else(|poisoned| poisoned.into_inner()) =
             Some(log_level_of(request.level));
         Ok(())
+    }
+
+    async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
+        self.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(context.peer);
     }
 
     async fn on_custom_request(
@@ -252,7 +340,7 @@ impl ServerHandler for Server {
         _request: Option<PaginatedRequestParams>,
         _context: RequestContext<RoleServer>,
     ) -> Result<ListToolsResult, ErrorData> {
-        Ok(ListToolsResult::with_all_items(self.tools.to_vec()))
+        Ok(ListToolsResult::with_all_items(self.live.current().tools.to_vec()))
     }
 
     async fn call_tool(
@@ -260,7 +348,15 @@ impl ServerHandler for Server {
         request: CallToolRequestParams,
         mut context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
-        let arrival = context.extensions.remove::<Arrival>().unwrap_or_else(|| self.stream.arrive());
+        // The pool it arrived in, which it runs in whatever reloads meanwhile.
+        let (live, arrival) = match context.extensions.remove::<arrivals::Stamped>() {
+            Some(stamped) => (stamped.live, stamped.arrival),
+            None => {
+                let live = self.live.current();
+                let arrival = live.stream.arrive();
+                (live, arrival)
+            }
+        };
         let id = format!("mcp-{}", arrival.number());
         tracing::debug!(request = %context.id, tool_use_id = %id, tool = %request.name, "call received");
         let input = Value::Object(request.arguments.unwrap_or_default());
@@ -274,6 +370,7 @@ impl ServerHandler for Server {
         let log =
             least.map(|least| LogForwarder::start(context.peer.clone(), least, request.name.to_string()));
         let result = self.call(tool_use, arrival, &context.ct, progress, log).await;
+        drop(live);
         drop(registration);
         let structured = result.structured.clone();
         let content = mcp_content(result.content);

@@ -17,18 +17,31 @@ use rmcp::model::{ClientRequest, JsonRpcMessage, JsonRpcRequest};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 
-use keel_host::CallStream;
+use keel_host::Arrival;
+
+use super::{Live, Shelf};
+
+/// A `tools/call`'s place: its arrival, in the stream of the pool served
+/// when it was read.
+#[derive(Clone)]
+pub struct Stamped {
+    /// The pool it runs in.
+    pub live: std::sync::Arc<Live>,
+    /// Its place in that pool's stream.
+    pub arrival: Arrival,
+}
 
 /// A server transport that stamps each `tools/call` with its arrival.
 pub struct Arrivals<T> {
     inner: T,
-    stream: CallStream,
+    shelf: Shelf,
 }
 
 impl<T> Arrivals<T> {
-    /// Stamp the requests `inner` reads with arrivals in `stream`.
-    pub fn new(inner: T, stream: CallStream) -> Self {
-        Arrivals { inner, stream }
+    /// Stamp the requests `inner` reads with arrivals in the stream of the
+    /// pool `shelf` holds as each is read.
+    pub fn new(inner: T, shelf: Shelf) -> Self {
+        Arrivals { inner, shelf }
     }
 }
 
@@ -54,7 +67,9 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
             request: ClientRequest::CallToolRequest(call), ..
         }) = &mut message
         {
-            call.extensions.insert(self.stream.arrive());
+            let live = self.shelf.current();
+            let arrival = live.stream.arrive();
+            call.extensions.insert(Stamped { live, arrival });
         }
         Some(message)
     }
