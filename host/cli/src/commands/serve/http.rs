@@ -58,8 +58,10 @@ pub struct HttpArgs {
     #[arg(long = "allow-host", value_name = "HOST", requires = "http")]
     pub allow_hosts: Vec<String>,
     /// A browser `Origin` allowed to call (such as
-    /// `https://app.example.com:443`; repeat for more). Any other `Origin`
-    /// is refused; a request with none (a program, not a page) passes.
+    /// `https://app.example.com:443`; repeat for more), beside pages of
+    /// this machine (`http://localhost`, `127.0.0.1`, `[::1]`, any port).
+    /// Any other `Origin` is refused; a request with none (a program, not a
+    /// page) passes.
     #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
     pub allow_origins: Vec<String>,
     /// The largest request body accepted, in KiB; a larger one gets `413`
@@ -102,9 +104,14 @@ pub async fn serve(server: Server, addr: SocketAddr, args: &HttpArgs) -> Result<
     let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
     hosts.extend(args.allow_hosts.iter().cloned());
     let cancel = CancellationToken::new();
+    // Pages served from this machine may call; a page of any other origin
+    // (a rebinding attack's) only when listed.
+    let mut origins: Vec<String> =
+        ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"].map(String::from).to_vec();
+    origins.extend(args.allow_origins.iter().cloned());
     let config = StreamableHttpServerConfig::default()
         .with_allowed_hosts(hosts)
-        .with_allowed_origins(args.allow_origins.iter().cloned())
+        .with_allowed_origins(origins)
         .enforce_origin_validation()
         .with_max_request_body_bytes(args.max_body_kib << 10)
         .with_cancellation_token(cancel.child_token());
