@@ -7,7 +7,8 @@ mod guests;
 /// The hostile and probing guests the tests load beside the example tools,
 /// with their directories in the workspace: `legacy` is a component of the
 /// previous contract, `rich` hands back images and structured values, `net`
-/// drives wasi:http, sockets and name lookups directly.
+/// drives wasi:http, sockets and name lookups directly, and `conformance-*`
+/// are the tools the MCP conformance suite calls by name.
 const TEST_GUESTS: &[(&str, &str)] = &[
     ("keel-guest-trap-queries", "tests/guests/trap-queries"),
     ("keel-guest-probe", "tests/guests/probe"),
@@ -16,6 +17,13 @@ const TEST_GUESTS: &[(&str, &str)] = &[
     ("keel-guest-legacy", "tests/guests/legacy"),
     ("keel-guest-rich", "tests/guests/rich"),
     ("keel-guest-net", "tests/guests/net"),
+    // The tools the MCP conformance suite calls by name.
+    ("keel-guest-conformance-error", "tests/guests/conformance-error"),
+    ("keel-guest-conformance-image", "tests/guests/conformance-image"),
+    ("keel-guest-conformance-logging", "tests/guests/conformance-logging"),
+    ("keel-guest-conformance-progress", "tests/guests/conformance-progress"),
+    ("keel-guest-conformance-schema", "tests/guests/conformance-schema"),
+    ("keel-guest-conformance-text", "tests/guests/conformance-text"),
 ];
 
 fn main() {

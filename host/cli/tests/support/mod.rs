@@ -1,0 +1,101 @@
+//! What the tests that drive `keel serve --http` with another project's
+//! client share: a server process, commands run to a bound, and the bundled
+//! tools.
+
+#![allow(dead_code, reason = "each test binary uses part of it")]
+
+use std::io::{BufRead as _, BufReader, Read as _};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+/// The bundled example tool `name`.
+pub fn bundled(name: &str) -> PathBuf {
+    Path::new(env!("KEEL_BUNDLED_TOOLS_DIR")).join(format!("keel_tool_{name}.wasm"))
+}
+
+/// A `keel serve --http` process; killed when dropped.
+pub struct Serving {
+    child: Child,
+    /// `http://127.0.0.1:PORT/mcp`.
+    pub url: String,
+}
+
+impl Drop for Serving {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Start `keel serve --http 127.0.0.1:0` over `workspace` with `plugins`,
+/// and wait for the line that names the URL it serves.
+pub fn serve(workspace: &Path, plugins: &[PathBuf]) -> Serving {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command.arg("serve");
+    for plugin in plugins {
+        command.arg("--plugins").arg(plugin);
+    }
+    command
+        .args(["--http", "127.0.0.1:0"])
+        .current_dir(workspace)
+        .env("KEEL_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache"))
+        .env_remove("KEEL_LOG");
+    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("keel serve names its address before it stops").unwrap();
+        if let Some(rest) = line.strip_prefix("keel: serving MCP on ") {
+            break rest.to_string();
+        }
+    };
+    // Drain the rest, so the child never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    Serving { child, url }
+}
+
+/// Run `command` to its end, killing it after `limit`; a failure to start
+/// or to finish in time panics naming the command.
+pub fn run(command: &mut Command, limit: Duration) -> Output {
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|error| panic!("failed to start {command:?}: {error}"));
+    let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            let _ = pipe.read_to_end(&mut bytes);
+            bytes
+        })
+    };
+    let stdout = drain(Box::new(child.stdout.take().unwrap()));
+    let stderr = drain(Box::new(child.stderr.take().unwrap()));
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let stderr = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+            panic!("{command:?} did not finish within {limit:?}; its stderr:\n{stderr}");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
+}
+
+/// Run `command`, panicking with its output unless it succeeds.
+pub fn run_ok(command: &mut Command, limit: Duration) {
+    let output = run(command, limit);
+    assert!(
+        output.status.success(),
+        "{command:?} failed ({}):\nstdout:\n{}\nstderr:\n{}",
+        output.status,
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr),
+    );
+}
