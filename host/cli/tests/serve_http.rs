@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 
 /// The example tools bundled with keel that these tests load.
-const TOOLS: [&str; 3] = ["echo", "grep", "wc"];
+const TOOLS: [&str; 4] = ["echo", "grep", "wc", "write_file"];
 
 /// A `keel serve --http` process; killed when dropped.
 struct Serving {
@@ -148,15 +148,31 @@ fn initialize() -> String {
 /// A stateless 2026-07-28 `tools/call`, with the headers and metadata that
 /// version asks of every request.
 fn stateless_call(addr: SocketAddr, extra: &[(&str, &str)], name: &str, arguments: &Value) -> Reply {
-    let body = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {
+    stateless_call_with(addr, extra, name, arguments, &json!({}), &json!({}))
+}
+
+/// [`stateless_call`] from a client of `capabilities`, with `more` in its
+/// params (`inputResponses`, `requestState`).
+fn stateless_call_with(
+    addr: SocketAddr,
+    extra: &[(&str, &str)],
+    name: &str,
+    arguments: &Value,
+    capabilities: &Value,
+    more: &Value,
+) -> Reply {
+    let mut params = json!({
         "name": name, "arguments": arguments,
         "_meta": {
             "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-            "io.modelcontextprotocol/clientCapabilities": {},
+            "io.modelcontextprotocol/clientCapabilities": capabilities,
             "io.modelcontextprotocol/clientInfo": { "name": "test", "version": "1" }
         }
-    }})
-    .to_string();
+    });
+    for (key, value) in more.as_object().into_iter().flatten() {
+        params[key] = value.clone();
+    }
+    let body = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params }).to_string();
     let mut headers = vec![
         ACCEPT,
         JSON,
@@ -329,4 +345,62 @@ fn a_client_that_sends_nothing_is_cut_off_after_the_idle_timeout() {
     // The server goes on.
     let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "after" }));
     assert_eq!(reply.status, 200, "{}", reply.body);
+}
+
+#[test]
+fn a_stateless_client_is_asked_for_approval_by_an_input_required_result() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("keel.toml"), "[permissions]\nask = [\"write_file\"]\n").unwrap();
+    let server = serve(workspace.path(), &["--http", "127.0.0.1:0"]);
+    let elicits = json!({ "elicitation": {} });
+    let write = json!({ "file_path": "a.txt", "content": "x" });
+    let first = stateless_call_with(server.addr, &[], "write_file", &write, &elicits, &json!({})).message();
+    let result = &first["result"];
+    assert_eq!(result["resultType"], "input_required", "{first}");
+    let asked = &result["inputRequests"]["approval"];
+    assert_eq!(asked["method"], "elicitation/create", "{first}");
+    assert_eq!(
+        asked["params"]["message"],
+        "Allow write_file on a.txt? the rule `write_file` asks for approval."
+    );
+    assert_eq!(asked["params"]["requestedSchema"]["properties"]["approve"]["type"], "boolean");
+    let state = result["requestState"].as_str().expect("a request state").to_string();
+    assert!(!workspace.path().join("a.txt").exists(), "nothing ran before the answer");
+
+    let answer = |action: &str, state: &str| {
+        json!({
+            "inputResponses": { "approval": { "action": action, "content": { "approve": true } } },
+            "requestState": state,
+        })
+    };
+    // An answer bound to another call does not count: the question comes again.
+    let forged = stateless_call_with(
+        server.addr,
+        &[],
+        "write_file",
+        &json!({ "file_path": "b.txt", "content": "x" }),
+        &elicits,
+        &answer("accept", &state),
+    )
+    .message();
+    assert_eq!(forged["result"]["resultType"], "input_required", "{forged}");
+    assert!(!workspace.path().join("b.txt").exists());
+
+    let declined =
+        stateless_call_with(server.addr, &[], "write_file", &write, &elicits, &answer("decline", &state))
+            .message();
+    assert_eq!(declined["result"]["isError"], true, "{declined}");
+    assert_eq!(declined["result"]["content"][0]["text"], "Permission to use write_file denied by the user");
+    assert!(!workspace.path().join("a.txt").exists());
+
+    let accepted =
+        stateless_call_with(server.addr, &[], "write_file", &write, &elicits, &answer("accept", &state))
+            .message();
+    assert_eq!(accepted["result"]["isError"], false, "{accepted}");
+    assert_eq!(std::fs::read_to_string(workspace.path().join("a.txt")).unwrap(), "x");
+
+    // A client without elicitation gets the denial of a run with no one to ask.
+    let plain = stateless_call(server.addr, &[], "write_file", &write).message();
+    let text = plain["result"]["content"][0]["text"].as_str().unwrap();
+    assert!(text.starts_with("write_file requires approval, and no one can be asked in this run"), "{text}");
 }

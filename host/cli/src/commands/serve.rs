@@ -359,18 +359,24 @@ impl ServerHandler for Server {
         };
         let id = format!("mcp-{}", arrival.number());
         tracing::debug!(request = %context.id, tool_use_id = %id, tool = %request.name, "call received");
+        let registration = self.prompter.register(&id, &request, &context);
         let input = Value::Object(request.arguments.unwrap_or_default());
         let tool_use = ToolUse::new(id, request.name.as_ref(), input);
         let progress = context
             .meta
             .get_progress_token()
             .map(|token| ProgressForwarder::start(context.peer.clone(), token));
-        let registration = self.prompter.register(&tool_use.id, &context);
         let least = *self.log_level.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let log =
             least.map(|least| LogForwarder::start(context.peer.clone(), least, request.name.to_string()));
         let result = self.call(tool_use, arrival, &context.ct, progress, log).await;
         drop(live);
+        // A call that stopped to ask its client answers with the question.
+        if let Some(asked) =
+            registration.as_ref().and_then(|registration| registration.round()?.input_required())
+        {
+            return Ok(asked.into());
+        }
         drop(registration);
         let structured = result.structured.clone();
         let content = mcp_content(result.content);
