@@ -22,6 +22,7 @@ const TEST_GUESTS: &[(&str, &str)] = &[
     ("keel-guest-conformance-image", "tests/guests/conformance-image"),
     ("keel-guest-conformance-logging", "tests/guests/conformance-logging"),
     ("keel-guest-conformance-progress", "tests/guests/conformance-progress"),
+    ("keel-guest-conformance-reconnection", "tests/guests/conformance-reconnection"),
     ("keel-guest-conformance-schema", "tests/guests/conformance-schema"),
     ("keel-guest-conformance-text", "tests/guests/conformance-text"),
 ];

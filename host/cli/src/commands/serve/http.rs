@@ -39,12 +39,15 @@ use super::Server;
 /// The path the server answers on.
 pub const MCP_PATH: &str = "/mcp";
 
+/// Where `--http` alone listens: loopback only.
+pub const DEFAULT_ADDR: &str = "127.0.0.1:7331";
+
 /// The flags of the HTTP transport.
 #[derive(Args, Clone, Debug)]
 pub struct HttpArgs {
-    /// Serve MCP over streamable HTTP on this address (such as
-    /// `127.0.0.1:7331`) instead of stdio.
-    #[arg(long, value_name = "ADDR")]
+    /// Serve MCP over streamable HTTP on this address instead of stdio;
+    /// `--http` alone is `127.0.0.1:7331`, on loopback.
+    #[arg(long, value_name = "ADDR", num_args = 0..=1, default_missing_value = DEFAULT_ADDR)]
     pub http: Option<SocketAddr>,
     /// A file holding the bearer token clients must send (surrounding
     /// whitespace is ignored).
@@ -318,6 +321,22 @@ fn plain(status: StatusCode, text: impl Into<String>) -> Response<Body> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn http_alone_listens_on_loopback() {
+        use clap::Parser as _;
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            http: HttpArgs,
+        }
+        let alone = Cli::parse_from(["keel", "--http"]);
+        assert_eq!(alone.http.http, Some(DEFAULT_ADDR.parse().unwrap()));
+        assert!(alone.http.http.unwrap().ip().is_loopback());
+        let given = Cli::parse_from(["keel", "--http", "127.0.0.1:9000"]);
+        assert_eq!(given.http.http, Some("127.0.0.1:9000".parse().unwrap()));
+        assert_eq!(Cli::parse_from(["keel"]).http.http, None, "stdio unless asked");
+    }
 
     #[test]
     fn only_the_exact_bearer_token_matches() {
