@@ -620,11 +620,7 @@ pub(crate) struct Scrubber {
 
 impl Scrubber {
     fn new(grant: &NetworkGrant) -> Self {
-        let mut hidden: Vec<Vec<u8>> =
-            grant.secrets().iter().flat_map(|secret| secret.hidden().iter().cloned()).collect();
-        hidden.sort_by_key(|piece| std::cmp::Reverse(piece.len()));
-        hidden.dedup();
-        Scrubber { hidden: hidden.into() }
+        Scrubber { hidden: grant.hidden().clone() }
     }
 
     /// Whether there is anything to mask.

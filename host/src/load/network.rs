@@ -468,6 +468,9 @@ pub struct NetworkGrant {
     rules: Vec<Rule>,
     secrets: Vec<Secret>,
     tls: TlsRoots,
+    /// What every secret hides, longest first, made once for all the
+    /// sandboxes and requests of the plugin.
+    hidden: Arc<[Vec<u8>]>,
 }
 
 impl NetworkGrant {
@@ -489,7 +492,11 @@ impl NetworkGrant {
             }
             parsed.push(Secret::new(rule, secret, &env)?);
         }
-        Ok(NetworkGrant { rules, secrets: parsed, tls: TlsRoots::bundled() })
+        let mut hidden: Vec<Vec<u8>> =
+            parsed.iter().flat_map(|secret| secret.hidden.iter().cloned()).collect();
+        hidden.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+        hidden.dedup();
+        Ok(NetworkGrant { rules, secrets: parsed, tls: TlsRoots::bundled(), hidden: hidden.into() })
     }
 
     /// Verify TLS against `tls`.
@@ -558,6 +565,12 @@ impl NetworkGrant {
         self.secrets
             .iter()
             .filter(move |secret| secret.origin.matches(target.scheme, &target.host, target.port))
+    }
+
+    /// The byte strings of all its secrets that must never reach the guest,
+    /// longest first.
+    pub(crate) fn hidden(&self) -> &Arc<[Vec<u8>]> {
+        &self.hidden
     }
 
     /// Every secret of the grant.
@@ -659,11 +672,6 @@ impl Secret {
     /// Its value, marked sensitive.
     pub(crate) fn value(&self) -> &HeaderValue {
         &self.value
-    }
-
-    /// The byte strings that must never reach the guest, longest first.
-    pub(crate) fn hidden(&self) -> &[Vec<u8>] {
-        &self.hidden
     }
 }
 
@@ -796,7 +804,7 @@ mod tests {
         let found: Vec<_> = grant.secrets_for(&api).collect();
         assert_eq!(found.len(), 1);
         assert_eq!(found[0].value().to_str().unwrap(), "Bearer s3cr3t-t0ken");
-        assert_eq!(found[0].hidden(), [b"Bearer s3cr3t-t0ken".to_vec(), b"s3cr3t-t0ken".to_vec()]);
+        assert_eq!(**grant.hidden(), [b"Bearer s3cr3t-t0ken".to_vec(), b"s3cr3t-t0ken".to_vec()]);
         assert!(!format!("{grant:?}").contains("s3cr3t"), "Debug never shows a value");
         assert!(grant.secrets_for(&target(Scheme::Https, "github.com", 443)).next().is_none());
         assert!(secret("https://a.example.org", "x").is_ok(), "covered by a wildcard");
