@@ -299,7 +299,7 @@ impl HostBuilder {
 /// `files`. Fails with the error of the first file, in that order, that
 /// cannot be loaded, whichever failed first in time; files after it are not
 /// started once it is known.
-async fn load_plugins(
+pub async fn load_plugins(
     runtime: &Arc<Runtime>,
     files: Vec<PathBuf>,
     grants: Arc<Grants>,

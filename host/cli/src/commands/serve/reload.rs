@@ -63,8 +63,8 @@ pub struct Plugins {
 }
 
 impl Plugins {
-    /// Load every plugin of `paths`; the first that fails is the error, as
-    /// when a host is built.
+    /// Load every plugin of `paths`, as a host loads them: several at once,
+    /// and the first that fails, in file order, is the error.
     pub async fn load(
         paths: Vec<PathBuf>,
         runtime: Arc<Runtime>,
@@ -72,20 +72,15 @@ impl Plugins {
         limits: Limits,
     ) -> keel_host::Result<Self> {
         let seen = scan(&paths);
-        let mut plugins = Plugins {
-            paths,
-            runtime,
-            grants,
-            limits,
-            loaded: BTreeMap::new(),
-            failed: BTreeMap::new(),
-            seen: seen.clone(),
-        };
-        for (file, stamp) in seen {
-            let tool = plugins.load_one(&file).await?;
-            plugins.loaded.insert(file, (stamp, tool));
-        }
-        Ok(plugins)
+        // Several at once, as a host loads them.
+        let files: Vec<PathBuf> = seen.keys().cloned().collect();
+        let tools = keel_host::load_plugins(&runtime, files, Arc::new(grants.clone()), limits).await?;
+        let loaded = seen
+            .iter()
+            .zip(tools)
+            .map(|((file, stamp), tool)| (file.clone(), (*stamp, Arc::new(tool) as Arc<dyn Tool>)))
+            .collect();
+        Ok(Plugins { paths, runtime, grants, limits, loaded, failed: BTreeMap::new(), seen })
     }
 
     async fn load_one(&self, file: &Path) -> keel_host::Result<Arc<dyn Tool>> {
