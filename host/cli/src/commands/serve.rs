@@ -209,21 +209,16 @@ impl Server {
     async fn reloaded(&self, host: Host) {
         let context = self.live.current().stream.context();
         self.live.replace(Live::new(host, context));
-        let peers: Vec<Peer<RoleServer>> =
-            self.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).clone();
-        let mut gone = Vec::new();
-        for (index, peer) in peers.iter().enumerate() {
-            if peer.notify_tool_list_changed().await.is_err() {
-                gone.push(index);
-            }
-        }
-        if !gone.is_empty() {
+        // Clients gone since are forgotten; the rest are told.
+        let peers: Vec<Peer<RoleServer>> = {
             let mut peers = self.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            let mut index = 0;
-            peers.retain(|_| {
-                index += 1;
-                !gone.contains(&(index - 1))
-            });
+            peers.retain(|peer| !peer.is_transport_closed());
+            peers.clone()
+        };
+        for peer in &peers {
+            if let Err(error) = peer.notify_tool_list_changed().await {
+                tracing::debug!("failed to tell a client the tool list changed: {error}");
+            }
         }
     }
 
