@@ -3,61 +3,23 @@
 //! 2026-07-28 protocol, the bearer token, the Host and Origin checks, the
 //! body cap, and the listing of rich results.
 
-use std::io::{BufRead as _, BufReader, Read as _, Write as _};
+use std::io::{Read as _, Write as _};
 use std::net::{SocketAddr, TcpStream};
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
+use support::{Serving, bundled};
+
+mod support;
 
 /// The example tools bundled with keel that these tests load.
 const TOOLS: [&str; 4] = ["echo", "grep", "wc", "write_file"];
 
-/// A `keel serve --http` process; killed when dropped.
-struct Serving {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Serving {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Start `keel serve --http 127.0.0.1:0` over `workspace` with `flags`, and
-/// wait for the line that names the address it bound.
+/// Start `keel serve --http 127.0.0.1:0` over `workspace` with [`TOOLS`]
+/// and `flags`.
 fn serve(workspace: &Path, flags: &[&str]) -> Serving {
-    let mut command = command(workspace, flags);
-    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let addr = loop {
-        let line = lines.next().expect("keel serve names its address before it stops").unwrap();
-        if let Some(rest) = line.strip_prefix("keel: serving MCP on http://") {
-            break rest.trim_end_matches("/mcp").parse().unwrap();
-        }
-    };
-    // Drain the rest, so the child never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    Serving { child, addr }
-}
-
-fn command(workspace: &Path, flags: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
-    command.arg("serve");
-    for tool in TOOLS {
-        command
-            .arg("--plugins")
-            .arg(Path::new(env!("KEEL_BUNDLED_TOOLS_DIR")).join(format!("keel_tool_{tool}.wasm")));
-    }
-    command
-        .args(flags)
-        .current_dir(workspace)
-        .env("KEEL_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache"))
-        .env_remove("KEEL_LOG");
-    command
+    support::serve_with(workspace, &TOOLS.map(bundled), flags)
 }
 
 /// A response: status, headers (names lowercase) and body.
@@ -187,7 +149,7 @@ fn stateless_call_with(
 #[test]
 fn an_older_client_gets_a_session_and_sees_rich_results_listed() {
     let workspace = tempfile::tempdir().unwrap();
-    let server = serve(workspace.path(), &["--http", "127.0.0.1:0"]);
+    let server = serve(workspace.path(), &[]);
     let reply = request(server.addr, "POST", "/mcp", &[ACCEPT, JSON], &initialize());
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.message()["result"]["serverInfo"]["name"], "keel");
@@ -216,7 +178,7 @@ fn an_older_client_gets_a_session_and_sees_rich_results_listed() {
 #[test]
 fn a_stateless_client_calls_without_a_session() {
     let workspace = tempfile::tempdir().unwrap();
-    let server = serve(workspace.path(), &["--http", "127.0.0.1:0"]);
+    let server = serve(workspace.path(), &[]);
     let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "héllo" }));
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert!(reply.header("mcp-session-id").is_none(), "no session on 2026-07-28");
@@ -233,7 +195,7 @@ fn only_a_request_with_the_right_token_reaches_the_tools() {
     let workspace = tempfile::tempdir().unwrap();
     let token = workspace.path().join("token");
     std::fs::write(&token, "s3cret-token\n").unwrap();
-    let server = serve(workspace.path(), &["--http", "127.0.0.1:0", "--token-file", token.to_str().unwrap()]);
+    let server = serve(workspace.path(), &["--token-file", token.to_str().unwrap()]);
     let echo = json!({ "text": "in" });
     for authorization in
         [None, Some("Bearer wrong-token"), Some("Bearer s3cret-toke"), Some("Basic s3cret-token")]
@@ -252,7 +214,8 @@ fn only_a_request_with_the_right_token_reaches_the_tools() {
 #[test]
 fn a_non_loopback_address_without_a_token_is_refused_at_start() {
     let workspace = tempfile::tempdir().unwrap();
-    let output = command(workspace.path(), &["--http", "0.0.0.0:0"]).output().unwrap();
+    let output =
+        support::command(workspace.path(), &TOOLS.map(bundled), &["--http", "0.0.0.0:0"]).output().unwrap();
     assert!(!output.status.success());
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(
@@ -265,7 +228,7 @@ fn a_non_loopback_address_without_a_token_is_refused_at_start() {
 #[test]
 fn a_forged_host_or_origin_and_an_oversized_body_are_refused() {
     let workspace = tempfile::tempdir().unwrap();
-    let server = serve(workspace.path(), &["--http", "127.0.0.1:0", "--max-body-kib", "1"]);
+    let server = serve(workspace.path(), &["--max-body-kib", "1"]);
     let reply =
         request(server.addr, "POST", "/mcp", &[ACCEPT, JSON, ("host", "evil.example")], &initialize());
     assert_eq!(reply.status, 403, "a rebinding name: {}", reply.body);
@@ -297,10 +260,7 @@ fn a_forged_host_or_origin_and_an_oversized_body_are_refused() {
 fn two_replicas_serve_one_stateless_client_alternately() {
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("notes.txt"), "one two\nthree\n").unwrap();
-    let replicas = [
-        serve(workspace.path(), &["--http", "127.0.0.1:0"]),
-        serve(workspace.path(), &["--http", "127.0.0.1:0"]),
-    ];
+    let replicas = [serve(workspace.path(), &[]), serve(workspace.path(), &[])];
     assert_ne!(replicas[0].addr, replicas[1].addr);
     for round in 0..6 {
         let replica = &replicas[round % 2];
@@ -316,7 +276,7 @@ fn two_replicas_serve_one_stateless_client_alternately() {
 #[test]
 fn a_client_that_sends_nothing_is_cut_off_after_the_idle_timeout() {
     let workspace = tempfile::tempdir().unwrap();
-    let server = serve(workspace.path(), &["--http", "127.0.0.1:0", "--idle-timeout-secs", "1"]);
+    let server = serve(workspace.path(), &["--idle-timeout-secs", "1"]);
     let mut silent = TcpStream::connect(server.addr).unwrap();
     silent.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     let started = std::time::Instant::now();
@@ -351,7 +311,7 @@ fn a_client_that_sends_nothing_is_cut_off_after_the_idle_timeout() {
 fn a_stateless_client_is_asked_for_approval_by_an_input_required_result() {
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("keel.toml"), "[permissions]\nask = [\"write_file\"]\n").unwrap();
-    let server = serve(workspace.path(), &["--http", "127.0.0.1:0"]);
+    let server = serve(workspace.path(), &[]);
     let elicits = json!({ "elicitation": {} });
     let write = json!({ "file_path": "a.txt", "content": "x" });
     let first = stateless_call_with(server.addr, &[], "write_file", &write, &elicits, &json!({})).message();

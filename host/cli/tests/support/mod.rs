@@ -5,6 +5,7 @@
 #![allow(dead_code, reason = "each test binary uses part of it")]
 
 use std::io::{BufRead as _, BufReader, Read as _};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -19,6 +20,8 @@ pub struct Serving {
     child: Child,
     /// `http://127.0.0.1:PORT/mcp`.
     pub url: String,
+    /// `127.0.0.1:PORT`.
+    pub addr: SocketAddr,
 }
 
 impl Drop for Serving {
@@ -28,19 +31,30 @@ impl Drop for Serving {
     }
 }
 
-/// Start `keel serve --http 127.0.0.1:0` over `workspace` with `plugins`,
-/// and wait for the line that names the URL it serves.
-pub fn serve(workspace: &Path, plugins: &[PathBuf]) -> Serving {
+/// `keel serve` over `workspace` with `plugins` and `flags`, not started.
+pub fn command(workspace: &Path, plugins: &[PathBuf], flags: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
     command.arg("serve");
     for plugin in plugins {
         command.arg("--plugins").arg(plugin);
     }
     command
-        .args(["--http", "127.0.0.1:0"])
+        .args(flags)
         .current_dir(workspace)
         .env("KEEL_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache"))
         .env_remove("KEEL_LOG");
+    command
+}
+
+/// Start `keel serve --http 127.0.0.1:0` over `workspace` with `plugins`,
+/// and wait for the line that names the URL it serves.
+pub fn serve(workspace: &Path, plugins: &[PathBuf]) -> Serving {
+    serve_with(workspace, plugins, &[])
+}
+
+/// [`serve`] with `flags` too.
+pub fn serve_with(workspace: &Path, plugins: &[PathBuf], flags: &[&str]) -> Serving {
+    let mut command = command(workspace, plugins, &[&["--http", "127.0.0.1:0"], flags].concat());
     let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let url = loop {
@@ -49,9 +63,11 @@ pub fn serve(workspace: &Path, plugins: &[PathBuf]) -> Serving {
             break rest.to_string();
         }
     };
+    let addr =
+        url.trim_start_matches("http://").trim_end_matches("/mcp").parse().expect("an address in the URL");
     // Drain the rest, so the child never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
-    Serving { child, url }
+    Serving { child, url, addr }
 }
 
 /// Run `command` to its end, killing it after `limit`; a failure to start
