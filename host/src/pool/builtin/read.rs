@@ -1,6 +1,14 @@
-//! `Read`: read a text file of the workspace, with line numbers.
+//! `Read`: read a text file of the workspace, with line numbers, or an
+//! image file as an image block.
+//!
+//! A text file is streamed line by line, never loaded whole: reading a range
+//! costs time in proportion to the bytes before it, and memory in proportion
+//! to what is shown, so the head of a log of gigabytes reads at once and its
+//! tail as fast as the lines before it can be skipped. Only a file within
+//! [`MAX_FILE_BYTES`] is read without a range, and only there are the lines
+//! after the range counted.
 
-use std::io::Read as _;
+use std::io::{BufRead, BufReader, Read as _};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
 
@@ -10,6 +18,7 @@ use cap_std::fs::Dir;
 use serde::Deserialize;
 use serde_json::{Value, json};
 
+use crate::content::ContentBlock;
 use crate::contract::WORKSPACE_MOUNT;
 use crate::load::grants::PluginGrant;
 use crate::tool::{
@@ -25,8 +34,17 @@ pub const MAX_LINE_CHARS: usize = 2_000;
 /// the model read the persisted file back through `Read`, a loop), so it must
 /// bound itself; past this it stops and says how to read on.
 pub const MAX_OUTPUT_CHARS: usize = 100_000;
-/// Bytes of a file read at most.
+/// The largest file read without `offset` or `limit`, and the largest whose
+/// lines after the range are counted for the "lines 3-4 of 7" footer. Past
+/// it, counting would cost time in proportion to the file, not the range.
 pub const MAX_FILE_BYTES: u64 = 64 << 20;
+/// Bytes kept of one line before it is cut: enough for [`MAX_LINE_CHARS`]
+/// characters of four bytes and one more, so a line cut here is always cut
+/// by characters too, while a line of a gigabyte is never held in memory.
+const MAX_LINE_BYTES: usize = (MAX_LINE_CHARS + 1) * 4;
+/// The file extensions read as images: those of the media types a model
+/// takes. The bytes, not the name, say which type an image is.
+const IMAGE_EXTENSIONS: [&str; 5] = ["png", "jpg", "jpeg", "gif", "webp"];
 
 /// The built-in `Read` tool.
 pub struct Read {
@@ -71,8 +89,9 @@ impl Read {
 
     fn with_mounts(dirs: Vec<(PathBuf, Dir)>) -> Self {
         let description = "Reads a text file of the workspace and returns its lines numbered like \
-                `cat -n`. Reads up to 2000 lines from the start by default; use `offset` and \
-                `limit` to read a long file in parts.";
+                `cat -n`; an image file (PNG, JPEG, GIF or WebP) is returned as an image. Reads up \
+                to 2000 lines from the start by default; use `offset` and `limit` to read a long \
+                file in parts, as a file over 64 MiB must be.";
         let input_schema = json!({
             "$schema": "https://json-schema.org/draft/2020-12/schema",
             "type": "object",
@@ -176,13 +195,10 @@ impl Invocation for ReadCall {
         };
         let mounts = self.mounts.clone();
         let shown = input.file_path.clone();
-        let text = tokio::task::spawn_blocking(move || read_text(&mounts.dirs[mount].1, &relative))
+        tokio::task::spawn_blocking(move || read(&mounts.dirs[mount].1, &relative, &input))
             .await
             .map_err(|error| CallError::Host(error.to_string()))?
-            .map_err(|reason| CallError::Tool(format!("cannot read {shown}: {reason}")))?;
-        let offset = input.offset.unwrap_or(1).max(1);
-        let limit = input.limit.unwrap_or(DEFAULT_LINE_LIMIT);
-        Ok(CallOutput::text(number_lines(&text, offset, limit)))
+            .map_err(|reason| CallError::Tool(format!("cannot read {shown}: {reason}")))
     }
 }
 
@@ -211,55 +227,188 @@ impl Mounts {
     }
 }
 
-fn read_text(workspace: &Dir, relative: &Path) -> Result<String, String> {
+/// Read the file at `relative` in `dir` as `input` asks: an image file as an
+/// image block, any other as numbered lines. The error is the reason alone.
+fn read(dir: &Dir, relative: &Path, input: &Input) -> Result<CallOutput, String> {
     let target = if relative.as_os_str().is_empty() { Path::new(".") } else { relative };
-    let file = workspace.open(target).map_err(|error| error.to_string())?;
+    let file = dir.open(target).map_err(|error| error.to_string())?;
     let metadata = file.metadata().map_err(|error| error.to_string())?;
     if metadata.is_dir() {
         return Err("it is a directory".into());
     }
-    let mut bytes = Vec::new();
-    file.take(MAX_FILE_BYTES + 1).read_to_end(&mut bytes).map_err(|error| error.to_string())?;
-    if bytes.len() as u64 > MAX_FILE_BYTES {
-        return Err(format!("it is larger than {} MiB", MAX_FILE_BYTES >> 20));
+    let size = metadata.len();
+    if is_image_name(relative) {
+        return read_image(file, size, &input.file_path);
     }
-    String::from_utf8(bytes).map_err(|_| "it is not UTF-8 text".to_string())
+    if size > MAX_FILE_BYTES && input.offset.is_none() && input.limit.is_none() {
+        return Err(format!(
+            "it is larger than {} MiB; pass `offset` and `limit` to read part of it",
+            MAX_FILE_BYTES >> 20
+        ));
+    }
+    let offset = input.offset.unwrap_or(1).max(1);
+    let limit = input.limit.unwrap_or(DEFAULT_LINE_LIMIT);
+    // Never past the size the file had when opened, or the cap: a device
+    // or a file that grows as it is read still ends.
+    let reader = BufReader::with_capacity(64 << 10, file.take(size.max(MAX_FILE_BYTES)));
+    number_lines(reader, offset, limit, size <= MAX_FILE_BYTES)
+        .map(CallOutput::text)
+        .map_err(|error| error.to_string())
 }
 
-/// Lines `offset..offset + limit` of `text`, numbered like `cat -n`, each cut
-/// at [`MAX_LINE_CHARS`], the whole stopped at [`MAX_OUTPUT_CHARS`].
-fn number_lines(text: &str, offset: usize, limit: usize) -> String {
-    let total = text.lines().count();
-    if total == 0 {
-        return "(the file is empty)".into();
+/// Whether `path` is named like an image a model takes.
+fn is_image_name(path: &Path) -> bool {
+    path.extension()
+        .and_then(|extension| extension.to_str())
+        .is_some_and(|extension| IMAGE_EXTENSIONS.contains(&extension.to_ascii_lowercase().as_str()))
+}
+
+/// An image file of `size` bytes as a line naming it, then the image. An
+/// image over the bytes a model takes is refused before it is read; one too
+/// large in pixels goes to the result budget, which sets it aside in a file.
+fn read_image(file: cap_std::fs::File, size: u64, shown: &str) -> Result<CallOutput, String> {
+    let max = crate::budget::MAX_IMAGE_BYTES;
+    if size > max {
+        return Err(format!("it is an image of {size} bytes, and a model takes at most {max}"));
     }
-    if offset > total {
-        return format!("(the file has {total} lines; offset {offset} is past its end)");
+    let mut bytes = Vec::with_capacity(size as usize);
+    file.take(max + 1).read_to_end(&mut bytes).map_err(|error| error.to_string())?;
+    if bytes.len() as u64 > max {
+        return Err(format!("it is an image of more than {max} bytes, and a model takes at most {max}"));
+    }
+    let media_type = match imagesize::image_type(&bytes) {
+        Ok(imagesize::ImageType::Png) => "image/png",
+        Ok(imagesize::ImageType::Jpeg) => "image/jpeg",
+        Ok(imagesize::ImageType::Gif) => "image/gif",
+        Ok(imagesize::ImageType::Webp) => "image/webp",
+        _ => return Err("it is named as an image, but its bytes are not PNG, JPEG, GIF or WebP".into()),
+    };
+    let image = crate::content::Image::new(media_type, bytes);
+    let info = image.check().map_err(|reason| format!("the image {reason}"))?;
+    let line =
+        format!("{shown}: {media_type}, {}×{} px, {} bytes", info.width, info.height, image.data.len());
+    Ok(CallOutput {
+        content: vec![ContentBlock::Text(line), ContentBlock::Image(image)],
+        structured: None,
+        context_modifier: None,
+    })
+}
+
+/// One line of a file, its line ending left out, at most
+/// [`MAX_LINE_BYTES`] of it kept.
+struct Line {
+    kept: Vec<u8>,
+    /// Whether bytes of the line past [`MAX_LINE_BYTES`] were dropped.
+    cut: bool,
+}
+
+/// Read the next line into `line`, holding at most [`MAX_LINE_BYTES`] of
+/// it; the bytes it took from `reader` (0 at the end of the file).
+fn next_line(reader: &mut impl BufRead, line: &mut Line) -> std::io::Result<usize> {
+    line.kept.clear();
+    line.cut = false;
+    let taken = reader.by_ref().take(MAX_LINE_BYTES as u64).read_until(b'\n', &mut line.kept)?;
+    let mut read = taken;
+    if line.kept.last() == Some(&b'\n') {
+        line.kept.pop();
+        // `str::lines` drops a carriage return only before a line feed.
+        if line.kept.last() == Some(&b'\r') {
+            line.kept.pop();
+        }
+    } else if taken == MAX_LINE_BYTES {
+        let rest = reader.skip_until(b'\n')?;
+        read += rest;
+        line.cut = rest > 0;
+    }
+    Ok(read)
+}
+
+/// Lines `offset..offset + limit` of what `reader` reads, numbered like
+/// `cat -n`, each cut at [`MAX_LINE_CHARS`], the whole stopped at
+/// [`MAX_OUTPUT_CHARS`]. Lines are counted as [`str::lines`] counts them.
+/// When `count_rest` is set the lines after the range are counted, for the
+/// footer saying how far the file goes; else the footer says only how to
+/// read on.
+fn number_lines(
+    mut reader: impl BufRead,
+    offset: usize,
+    limit: usize,
+    count_rest: bool,
+) -> std::io::Result<String> {
+    let mut lines = 0;
+    while lines < offset - 1 {
+        if reader.skip_until(b'\n')? == 0 {
+            return Ok(past_the_end(lines, offset));
+        }
+        lines += 1;
     }
     let mut out = String::new();
     let mut chars = 0;
-    let mut stopped = false;
-    for (index, line) in text.lines().enumerate().skip(offset - 1).take(limit) {
-        let number = index + 1;
-        let cut: String = line.chars().take(MAX_LINE_CHARS).collect();
-        let marker = if cut.len() < line.len() { " [line cut]" } else { "" };
+    let mut line = Line { kept: Vec::new(), cut: false };
+    let end = (offset - 1).saturating_add(limit);
+    while lines < end {
+        if next_line(&mut reader, &mut line)? == 0 {
+            if lines < offset {
+                return Ok(past_the_end(lines, offset));
+            }
+            // The range reaches the end of the file: nothing to read on.
+            return Ok(out);
+        }
+        lines += 1;
+        let number = lines;
+        let text = decode(&line)?;
+        let cut: String = text.chars().take(MAX_LINE_CHARS).collect();
+        let marker = if cut.len() < text.len() || line.cut { " [line cut]" } else { "" };
         let entry = format!("{number:>6}\t{cut}{marker}\n");
         let entry_chars = entry.chars().count();
         if chars + entry_chars > MAX_OUTPUT_CHARS {
             out.push_str(&format!(
                 "(output stopped at {MAX_OUTPUT_CHARS} characters; read on with offset={number})\n"
             ));
-            stopped = true;
-            break;
+            return Ok(out);
         }
         chars += entry_chars;
         out.push_str(&entry);
     }
-    let last = (offset - 1 + limit).min(total);
-    if last < total && !stopped {
+    let last = lines;
+    if !count_rest {
+        if !reader.fill_buf()?.is_empty() {
+            out.push_str(&format!(
+                "(lines {offset}-{last} of a file too large to count its lines; read on with offset={})\n",
+                last + 1
+            ));
+        }
+        return Ok(out);
+    }
+    let mut total = last;
+    while reader.skip_until(b'\n')? > 0 {
+        total += 1;
+    }
+    if last < total {
         out.push_str(&format!("(lines {offset}-{last} of {total}; read on with offset={})\n", last + 1));
     }
-    out
+    Ok(out)
+}
+
+/// What is said of an `offset` past the file's `lines` lines.
+fn past_the_end(lines: usize, offset: usize) -> String {
+    if lines == 0 {
+        return "(the file is empty)".into();
+    }
+    format!("(the file has {lines} lines; offset {offset} is past its end)")
+}
+
+/// The text of `line`: UTF-8, save for a character the cut split in two,
+/// which is left out.
+fn decode(line: &Line) -> std::io::Result<&str> {
+    let not_text = || std::io::Error::new(std::io::ErrorKind::InvalidData, "it is not UTF-8 text");
+    match std::str::from_utf8(&line.kept) {
+        Ok(text) => Ok(text),
+        Err(error) if line.cut && error.error_len().is_none() => {
+            std::str::from_utf8(&line.kept[..error.valid_up_to()]).map_err(|_| not_text())
+        }
+        Err(_) => Err(not_text()),
+    }
 }
 
 #[cfg(test)]
@@ -375,6 +524,133 @@ mod tests {
         assert_eq!(
             run(&tool, json!({ "file_path": "/referenced/ref.txt" })).unwrap_err(),
             CallError::Tool("/referenced/ref.txt is outside the granted directories".into())
+        );
+    }
+
+    /// A 2×2 red PNG.
+    const DOT_PNG: [u8; 73] = [
+        137, 80, 78, 71, 13, 10, 26, 10, 0, 0, 0, 13, 73, 72, 68, 82, 0, 0, 0, 2, 0, 0, 0, 2, 8, 2, 0, 0, 0,
+        253, 212, 154, 115, 0, 0, 0, 16, 73, 68, 65, 84, 120, 156, 99, 248, 207, 192, 0, 68, 12, 16, 10, 0,
+        31, 238, 3, 253, 139, 95, 20, 212, 0, 0, 0, 0, 73, 69, 78, 68, 174, 66, 96, 130,
+    ];
+
+    /// A file of `head`, then zeros up to just past [`MAX_FILE_BYTES`], then
+    /// `tail`: sparse, so it takes no disk space.
+    fn past_the_cap(dir: &Path, head: &str, tail: &str) {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut file = std::fs::File::create(dir.join("big.log")).unwrap();
+        file.write_all(head.as_bytes()).unwrap();
+        file.set_len(MAX_FILE_BYTES + 1).unwrap();
+        file.seek(SeekFrom::Start(MAX_FILE_BYTES + 1)).unwrap();
+        file.write_all(tail.as_bytes()).unwrap();
+    }
+
+    #[test]
+    fn a_file_past_the_cap_needs_a_range() {
+        let dir = tempfile::tempdir().unwrap();
+        past_the_cap(dir.path(), "one\n", "");
+        assert_eq!(
+            read(dir.path(), json!({ "file_path": "big.log" })).unwrap_err(),
+            CallError::Tool(
+                "cannot read big.log: it is larger than 64 MiB; pass `offset` and `limit` to read part of it"
+                    .into()
+            )
+        );
+    }
+
+    #[test]
+    fn a_range_of_a_file_past_the_cap_is_read_without_counting_the_rest() {
+        let dir = tempfile::tempdir().unwrap();
+        past_the_cap(dir.path(), "one\ntwo\nthree\n", "\nlast\n");
+        let out = read(dir.path(), json!({ "file_path": "big.log", "offset": 2, "limit": 2 })).unwrap();
+        assert_eq!(
+            out.to_text(),
+            "     2\ttwo\n     3\tthree\n\
+             (lines 2-3 of a file too large to count its lines; read on with offset=4)\n"
+        );
+        let out = read(dir.path(), json!({ "file_path": "big.log", "limit": 1 })).unwrap();
+        assert_eq!(
+            out.to_text(),
+            "     1\tone\n(lines 1-1 of a file too large to count its lines; read on with offset=2)\n"
+        );
+    }
+
+    #[test]
+    fn the_tail_of_a_file_past_the_cap_reads_with_its_long_line_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        past_the_cap(dir.path(), "one\n", "\nlast\n");
+        let out = read(dir.path(), json!({ "file_path": "big.log", "offset": 3 })).unwrap();
+        assert_eq!(out.to_text(), "     3\tlast\n", "the range reaches the end: nothing to read on");
+        let out = read(dir.path(), json!({ "file_path": "big.log", "offset": 2, "limit": 1 })).unwrap();
+        let zeros = "\0".repeat(MAX_LINE_CHARS);
+        assert_eq!(
+            out.to_text(),
+            format!(
+                "     2\t{zeros} [line cut]\n(lines 2-2 of a file too large to count its lines; read on with offset=3)\n"
+            )
+        );
+        let out = read(dir.path(), json!({ "file_path": "big.log", "offset": 9 })).unwrap();
+        assert_eq!(out.to_text(), "(the file has 3 lines; offset 9 is past its end)");
+    }
+
+    #[test]
+    fn counts_lines_as_str_lines_does() {
+        let dir = tempfile::tempdir().unwrap();
+        for (text, shown) in [
+            ("a\r\nb\r\n", "     1\ta\n     2\tb\n"),
+            ("a\nb", "     1\ta\n     2\tb\n"),
+            ("\n", "     1\t\n"),
+            ("a\r", "     1\ta\r\n"),
+        ] {
+            std::fs::write(dir.path().join("f.txt"), text).unwrap();
+            let out = read(dir.path(), json!({ "file_path": "f.txt" })).unwrap();
+            assert_eq!(out.to_text(), shown, "{text:?}");
+        }
+        std::fs::write(dir.path().join("f.txt"), "").unwrap();
+        let out = read(dir.path(), json!({ "file_path": "f.txt", "offset": 3 })).unwrap();
+        assert_eq!(out.to_text(), "(the file is empty)");
+    }
+
+    #[test]
+    fn a_cut_line_never_splits_a_character() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("f.txt"), format!("a{}\n", "é".repeat(MAX_LINE_BYTES))).unwrap();
+        let out = read(dir.path(), json!({ "file_path": "f.txt" })).unwrap().to_text();
+        assert_eq!(out, format!("     1\ta{} [line cut]\n", "é".repeat(MAX_LINE_CHARS - 1)));
+    }
+
+    #[test]
+    fn an_image_file_is_an_image_block_after_a_line_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("dot.PNG"), DOT_PNG).unwrap();
+        let out = read(dir.path(), json!({ "file_path": "dot.PNG" })).unwrap();
+        let image = crate::content::Image::new("image/png", DOT_PNG.to_vec());
+        assert_eq!(
+            out.content,
+            [ContentBlock::Text("dot.PNG: image/png, 2×2 px, 73 bytes".into()), ContentBlock::Image(image)]
+        );
+    }
+
+    #[test]
+    fn an_image_over_what_a_model_takes_or_not_an_image_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = std::fs::File::create(dir.path().join("huge.png")).unwrap();
+        std::io::Write::write_all(&mut &file, &DOT_PNG).unwrap();
+        file.set_len(crate::budget::MAX_IMAGE_BYTES + 1).unwrap();
+        std::fs::write(dir.path().join("fake.jpg"), "not an image").unwrap();
+        assert_eq!(
+            read(dir.path(), json!({ "file_path": "huge.png" })).unwrap_err(),
+            CallError::Tool(
+                "cannot read huge.png: it is an image of 5242881 bytes, and a model takes at most 5242880"
+                    .into()
+            )
+        );
+        assert_eq!(
+            read(dir.path(), json!({ "file_path": "fake.jpg" })).unwrap_err(),
+            CallError::Tool(
+                "cannot read fake.jpg: it is named as an image, but its bytes are not PNG, JPEG, GIF or WebP"
+                    .into()
+            )
         );
     }
 }
