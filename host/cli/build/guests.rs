@@ -20,7 +20,9 @@ use std::process::Command;
 pub const EXAMPLE_TOOLS: &[(&str, &str)] = &[
     ("keel-tool-cd", "example-tools/cd"),
     ("keel-tool-echo", "example-tools/echo"),
+    ("keel-tool-edit", "example-tools/edit"),
     ("keel-tool-fetch", "example-tools/fetch"),
+    ("keel-tool-glob", "example-tools/glob"),
     ("keel-tool-grep", "example-tools/grep"),
     ("keel-tool-hash", "example-tools/hash"),
     ("keel-tool-sleep", "example-tools/sleep"),
