@@ -18,6 +18,9 @@
 //!
 //! [permissions]     # rules for calls; see `permissions`
 //! deny = ["write_file(**/*.lock)"]
+//!
+//! [cache]
+//! max_size_mib = 512  # the compile cache's cap, least recently seen out first
 //! ```
 
 use std::path::{Path, PathBuf};
@@ -53,6 +56,32 @@ pub struct Config {
     /// `[network]`: what holds for every plugin's requests.
     #[serde(default)]
     pub network: NetworkConfig,
+    /// `[cache]`: the compile cache's bounds.
+    #[serde(default)]
+    pub cache: CacheConfig,
+    /// `[registries]`: how plugins are pulled from OCI registries.
+    #[serde(default)]
+    pub registries: RegistriesConfig,
+}
+
+/// `[cache]`: bounds of the compile cache.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct CacheConfig {
+    /// The most the compile cache may take, in MiB: at each start, on a
+    /// thread of its own, the entries least recently seen are removed until
+    /// it fits. Default: no cap.
+    pub max_size_mib: Option<u64>,
+}
+
+/// `[registries]`: settings of `oci://` plugins.
+#[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields)]
+pub struct RegistriesConfig {
+    /// Registries (`host:port`) spoken to over plain HTTP although they are
+    /// not on the loopback address; a loopback registry always is.
+    #[serde(default)]
+    pub insecure: Vec<String>,
 }
 
 /// `[network]`: settings of every plugin's requests (where each may go is

@@ -43,6 +43,32 @@ pub enum Error {
         /// What is wrong with it.
         reason: String,
     },
+    /// A plugin is not the one its pins (`keel.lock`, a `sha256` key) name.
+    #[error("refused plugin {}: {reason}", path.display())]
+    Pin {
+        /// The plugin file.
+        path: PathBuf,
+        /// Which pin it breaks, with both digests.
+        reason: String,
+    },
+    /// With `--locked`, a lock entry whose plugin the run does not load.
+    #[error("{} pins {name} (from {source_of}), which this run does not load (--locked)", lock.display())]
+    Unanswered {
+        /// The lock.
+        lock: PathBuf,
+        /// The entry's tool name.
+        name: String,
+        /// Where the entry says it came from.
+        source_of: String,
+    },
+    /// A plugin could not be fetched from an OCI registry.
+    #[error("failed to pull {reference}: {reason}")]
+    Registry {
+        /// The `oci://` reference.
+        reference: String,
+        /// What went wrong.
+        reason: String,
+    },
     /// The wasmtime engine could not be set up.
     #[error("failed to set up the WebAssembly engine: {0}")]
     Engine(String),

@@ -16,6 +16,7 @@ use crate::events::summary::{DefaultSummarizer, Summarizer};
 use crate::limits::Limits;
 use crate::load::engine::{Runtime, default_cache_dir};
 use crate::load::grants::Grants;
+use crate::load::lock::{LockedPlugin, Pins};
 use crate::load::plugin::{LoadReport, PluginTool, plugin_files};
 use crate::permissions::{Permissions, Prompter};
 use crate::pool::builtin;
@@ -51,6 +52,7 @@ pub struct HostBuilder {
     summarizer: Option<Arc<dyn Summarizer>>,
     environment: Option<Environment>,
     preloaded: Vec<Arc<dyn Tool>>,
+    pins: Option<Arc<Pins>>,
 }
 
 /// The bundled roots and the PEM files of `[network] roots`, read relative
@@ -106,6 +108,25 @@ impl HostBuilder {
     pub fn limits(mut self, limits: Limits) -> Self {
         self.limits = limits;
         self
+    }
+
+    /// Check every plugin against `pins` (a lock, `sha256` keys) before its
+    /// code runs; a plugin that breaks one fails the build, naming it.
+    /// Default: no pins, and no digest computed.
+    pub fn pins(mut self, pins: Arc<Pins>) -> Self {
+        self.pins = Some(pins);
+        self
+    }
+
+    /// The engine a host of this builder runs on, for plugins loaded ahead
+    /// of it ([`HostBuilder::plugin_tools`]): `limits`, the compile cache
+    /// and the pins.
+    pub fn runtime(&self, limits: &Limits) -> Result<Runtime> {
+        let runtime = Runtime::new(limits, self.cache_dir.clone())?;
+        Ok(match &self.pins {
+            Some(pins) => runtime.with_pins(pins.clone()),
+            None => runtime,
+        })
     }
 
     /// Where compiled plugins are cached; `None` turns the cache off.
@@ -219,8 +240,12 @@ impl HostBuilder {
         let limits = self.resolve_limits();
         // Meanwhile, on another core, what the first schema compiled needs.
         let meta_schemas = tokio::task::spawn_blocking(crate::pool::schema::prepare_meta_schemas);
-        let runtime = Arc::new(Runtime::new(&limits, self.cache_dir)?);
+        let runtime = Arc::new(self.runtime(&limits)?);
         let grants = Arc::new(grants);
+        let upkeep = match (&self.cache_dir, self.config.cache.max_size_mib) {
+            (Some(dir), Some(mib)) => Some(spawn_upkeep(dir.clone(), mib.saturating_mul(1 << 20))),
+            _ => None,
+        };
 
         let mut builtins: Vec<Arc<dyn Tool>> = self.native;
         if self.builtins {
@@ -243,6 +268,16 @@ impl HostBuilder {
         }
         let loaded = load_plugins(&runtime, files, grants.clone(), limits).await?;
         listed?;
+        let locked = match &self.pins {
+            Some(pins) => lock_entries(
+                pins,
+                loaded
+                    .iter()
+                    .map(|plugin| plugin as &dyn Tool)
+                    .chain(self.preloaded.iter().map(|tool| &**tool)),
+            )?,
+            None => Vec::new(),
+        };
         let mut plugins: Vec<Arc<dyn Tool>> = Vec::with_capacity(loaded.len());
         let mut reports = Vec::with_capacity(loaded.len());
         for plugin in loaded {
@@ -288,8 +323,45 @@ impl HostBuilder {
             warnings,
             reports,
             options: Arc::new(options),
+            locked,
+            upkeep: std::sync::Mutex::new(upkeep),
         })
     }
+}
+
+/// Check each plugin of `tools` against `pins`, and with `--locked` that
+/// the lock names nothing else; the lock's entries for them.
+pub fn lock_entries<'a>(
+    pins: &Pins,
+    tools: impl IntoIterator<Item = &'a dyn Tool>,
+) -> Result<Vec<LockedPlugin>> {
+    let mut entries = Vec::new();
+    for tool in tools {
+        let spec = tool.spec();
+        let crate::tool::ToolOrigin::Plugin { path, contract } = &spec.origin else { continue };
+        pins.check_plugin(&spec.name, path)?;
+        entries.extend(pins.entry_for(&spec.name, path, contract));
+    }
+    pins.check_complete(entries.iter().map(|entry| entry.name.as_str()))?;
+    Ok(entries)
+}
+
+/// Enforce the compile cache's cap on a thread of its own, so that no start
+/// waits for it.
+fn spawn_upkeep(dir: PathBuf, max_bytes: u64) -> std::thread::JoinHandle<()> {
+    std::thread::Builder::new()
+        .name("keel-cache-cap".into())
+        .spawn(move || match crate::load::cache::enforce_cap(&dir, max_bytes) {
+            Ok(pruned) if pruned.files > 0 => tracing::info!(
+                "compile cache over its cap of {} MiB: removed {} files ({} bytes)",
+                max_bytes >> 20,
+                pruned.files,
+                pruned.bytes
+            ),
+            Ok(_) => {}
+            Err(error) => tracing::warn!("failed to enforce the compile cache's cap: {error}"),
+        })
+        .expect("failed to spawn the cache upkeep thread")
 }
 
 /// Load the plugins in `files`, several at once: up to one per core, each on
@@ -390,9 +462,29 @@ pub struct Host {
     warnings: Vec<String>,
     reports: Vec<(String, LoadReport)>,
     options: Arc<RunOptions>,
+    /// What a lock records of the plugins, when the host was built with pins.
+    locked: Vec<LockedPlugin>,
+    /// The thread enforcing the compile cache's cap, until waited for.
+    upkeep: std::sync::Mutex<Option<std::thread::JoinHandle<()>>>,
 }
 
 impl Host {
+    /// What a lock records of each plugin the host loaded (see
+    /// [`HostBuilder::pins`]); empty for a host built without pins.
+    pub fn lock_entries(&self) -> &[LockedPlugin] {
+        &self.locked
+    }
+
+    /// Wait until the compile cache's cap, enforced on a thread of its own
+    /// from the start, is met: for a process about to exit, once its work
+    /// is done.
+    pub fn wait_for_cache_upkeep(&self) {
+        let handle = self.upkeep.lock().unwrap_or_else(std::sync::PoisonError::into_inner).take();
+        if let Some(handle) = handle {
+            let _ = handle.join();
+        }
+    }
+
     /// Every budget decision made so far, to save with the transcript and
     /// hand to [`HostBuilder::ledger`] when the session resumes; empty for a
     /// host built [`HostBuilder::without_ledger`].
@@ -420,6 +512,7 @@ impl Host {
             summarizer: None,
             environment: None,
             preloaded: Vec::new(),
+            pins: None,
         }
     }
 

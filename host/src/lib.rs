@@ -50,7 +50,7 @@ pub use content::{Content, ContentBlock, Image};
 pub use contract::CONTRACT_VERSION;
 pub use error::{Error, Result};
 pub use events::Event;
-pub use host::{BatchRun, Environment, Host, HostBuilder, load_plugins};
+pub use host::{BatchRun, Environment, Host, HostBuilder, load_plugins, lock_entries};
 pub use limits::Limits;
 pub use run::context;
 pub use run::interrupt::Interrupt;

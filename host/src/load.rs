@@ -7,15 +7,19 @@
 //! [`Tool`]: crate::tool::Tool
 
 pub(crate) mod bindings;
+pub mod cache;
 pub(crate) mod egress;
 pub(crate) mod engine;
 #[doc(hidden)]
 pub mod floor;
 pub(crate) mod grants;
+pub mod lock;
 pub mod network;
+pub mod oci;
 pub(crate) mod plugin;
 pub(crate) mod sandbox;
 
 pub use self::engine::{Runtime, default_cache_dir};
-pub use self::grants::{Access, DirGrant, Grants, PluginGrant, PluginsConfig};
+pub use self::grants::{Access, DirGrant, Grants, PluginConfig, PluginGrant, PluginsConfig};
+pub use self::lock::{Lock, LockedPlugin, Pins};
 pub use self::plugin::{LoadReport, PluginTool, plugin_files};

@@ -38,6 +38,12 @@ enum Command {
     Inspect(commands::inspect::InspectArgs),
     /// Create a tool crate that builds, tests and runs out of the box.
     New(commands::new::NewArgs),
+    /// Pin the plugins a run would load in keel.lock, beside keel.toml.
+    Lock(commands::lock::LockArgs),
+    /// Push a built tool to an OCI registry as a WebAssembly artifact.
+    Publish(commands::publish::PublishArgs),
+    /// List the compile cache's entries and sizes, or prune it.
+    Cache(commands::cache::CacheArgs),
 }
 
 fn main() -> ExitCode {
@@ -60,6 +66,9 @@ fn main() -> ExitCode {
         Command::Serve(args) => commands::serve::run(&args),
         Command::Inspect(args) => commands::inspect::run(&args),
         Command::New(args) => commands::new::run(&args),
+        Command::Lock(args) => commands::lock::run(&args),
+        Command::Publish(args) => commands::publish::run(&args),
+        Command::Cache(args) => commands::cache::run(&args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

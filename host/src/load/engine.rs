@@ -15,6 +15,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::load::bindings::{v0_2, v0_3};
+use crate::load::lock::{Pins, is_sha256_hex, sha256_hex};
 use crate::load::sandbox::{EPOCH_TICK, SandboxState, SharedPreopens, root_cause};
 
 /// How many instances may be alive at once across all calls. A batch keeps
@@ -28,7 +29,14 @@ pub struct Runtime {
     engine: Engine,
     linker: Linker<SandboxState>,
     cache: Option<CompileCache>,
+    /// What every component is checked against before its code runs.
+    pins: Option<Arc<Pins>>,
 }
+
+/// The topic under which the sha256 digest of a component's bytes is kept
+/// beside its compiled code, so that a pinned start need not read a file
+/// the index knows.
+const DIGEST_TOPIC: &str = "sha256";
 
 impl Runtime {
     /// Build the engine for `limits`, caching compiled code in `cache_dir`.
@@ -104,7 +112,43 @@ impl Runtime {
         .map_err(|error| Error::Engine(format!("failed to link host imports: {error:#}")))?;
 
         let cache = cache_dir.map(|dir| CompileCache::new(dir, &engine));
-        Ok(Runtime { engine, linker, cache })
+        Ok(Runtime { engine, linker, cache, pins: None })
+    }
+
+    /// Check every component this runtime compiles or loads against
+    /// `pins`, before any of its code runs (see [`Pins`]). The sha256 of a
+    /// component is then computed whenever its bytes are read, and kept in
+    /// the compile cache beside its code for the starts that do not read
+    /// them.
+    pub fn with_pins(mut self, pins: Arc<Pins>) -> Self {
+        self.pins = Some(pins);
+        self
+    }
+
+    /// The pins components are checked against, if any.
+    pub fn pins(&self) -> Option<&Arc<Pins>> {
+        self.pins.as_ref()
+    }
+
+    /// Check `bytes`, read from `path`, against the pins; when they have a
+    /// content key, keep their digest beside it.
+    fn vet_bytes(&self, path: &Path, bytes: &[u8], content_key: Option<&str>) -> Result<()> {
+        let Some(pins) = &self.pins else { return Ok(()) };
+        let sha256 = sha256_hex(bytes);
+        if let Some(content_key) = content_key {
+            self.remember(content_key, DIGEST_TOPIC, sha256.as_bytes());
+        }
+        pins.vet_file(path, &sha256)
+    }
+
+    /// Check the bytes of `content_key`, found for `path` without reading
+    /// it, against the pins: `None` when their digest is not known, and the
+    /// file must be read.
+    fn vet_known(&self, path: &Path, content_key: &str) -> Option<Result<()>> {
+        let Some(pins) = &self.pins else { return Some(Ok(())) };
+        let held = self.recall(content_key, DIGEST_TOPIC)?;
+        let sha256 = std::str::from_utf8(&held).ok().filter(|text| is_sha256_hex(text))?;
+        Some(pins.vet_file(path, sha256))
     }
 
     /// The engine.
@@ -123,11 +167,15 @@ impl Runtime {
         let (component, from_cache, content_key) = match &self.cache {
             Some(cache) => {
                 let content_key = cache.content_key(bytes);
+                self.vet_bytes(path, bytes, Some(&content_key))?;
                 let (component, from_cache) =
                     cache.get_or_compile(&self.engine, &content_key, || self.compile_bytes(path, bytes))?;
                 (component, from_cache, Some(content_key))
             }
-            None => (self.compile_bytes(path, bytes)?, false, None),
+            None => {
+                self.vet_bytes(path, bytes, None)?;
+                (self.compile_bytes(path, bytes)?, false, None)
+            }
         };
         let size = bytes.len() as u64;
         Ok(Compiled { component, from_cache, time: started.elapsed(), size, content_key })
@@ -150,7 +198,11 @@ impl Runtime {
         let started = Instant::now();
         if let Some(cache) = &self.cache
             && let Some(identity) = cache.identify(path)
-            && let Some(component) = cache.load_identified(&self.engine, &identity)
+            && let Some(vetted) = self.vet_known(path, &identity.content_key)
+            && let Some(component) = {
+                vetted?;
+                cache.load_identified(&self.engine, &identity)
+            }
         {
             let Identity { content_key, size } = identity;
             return Ok(Compiled {
@@ -169,7 +221,10 @@ impl Runtime {
     /// size. `None` when there is no cache or the index does not know the
     /// file so (see [`Runtime::compile_file`]).
     pub(crate) fn identify(&self, path: &Path) -> Option<Identity> {
-        self.cache.as_ref()?.identify(path)
+        let identity = self.cache.as_ref()?.identify(path)?;
+        // A component its pins refuse is left to the full load, which says so.
+        self.vet_known(path, &identity.content_key)?.ok()?;
+        Some(identity)
     }
 
     /// The component of the bytes `identity` names, which the file at `path`
@@ -184,7 +239,11 @@ impl Runtime {
     ) -> Result<Compiled> {
         let started = Instant::now();
         if let Some(cache) = &self.cache
-            && let Some(component) = cache.load_identified(&self.engine, identity)
+            && let Some(vetted) = self.vet_known(path, &identity.content_key)
+            && let Some(component) = {
+                vetted?;
+                cache.load_identified(&self.engine, identity)
+            }
         {
             let (size, content_key) = (identity.size, Some(identity.content_key.clone()));
             return Ok(Compiled { component, from_cache: true, time: started.elapsed(), size, content_key });
@@ -205,6 +264,7 @@ impl Runtime {
         let (bytes, stat) = read_with_stat(path).map_err(|error| Error::io("read", path, error))?;
         check(&bytes)?;
         let Some(cache) = &self.cache else {
+            self.vet_bytes(path, &bytes, None)?;
             let component = self.compile_bytes(path, &bytes)?;
             let (time, size) = (started.elapsed(), stat.len());
             return Ok(Compiled { component, from_cache: false, time, size, content_key: None });
@@ -216,6 +276,7 @@ impl Runtime {
                 "changed since keel loaded it; restart keel to load the new version",
             ));
         }
+        self.vet_bytes(path, &bytes, Some(&content_key))?;
         let (component, from_cache) =
             cache.get_or_compile(&self.engine, &content_key, || self.compile_bytes(path, &bytes))?;
         cache.record(path, &stat, &content_key);
@@ -409,8 +470,8 @@ impl CompileCache {
     /// it is now; `None`, a miss, otherwise. The file itself is not opened.
     fn identify(&self, path: &Path) -> Option<Identity> {
         let stat = std::fs::metadata(path).ok().filter(Metadata::is_file)?;
-        let entry = self.index_entry(path, &stat)?;
-        let held = std::fs::read(entry).ok()?;
+        let (entry, _) = self.index_entry(path, &stat)?;
+        let held = read_and_mark_seen(&entry)?;
         let content_key = parse_content_key(&held)?.to_owned();
         Some(Identity { content_key, size: stat.len() })
     }
@@ -424,12 +485,16 @@ impl CompileCache {
 
     /// Where answers about the bytes of `content_key` under `topic` are
     /// kept: a name bound to those bytes, this engine and the topic.
+    ///
+    /// The name begins with the content key, so that `keel cache prune`
+    /// can tell which bytes an entry is about.
     fn answers_entry(&self, content_key: &str, topic: &str) -> PathBuf {
         let mut hasher = blake3::Hasher::new();
-        for part in [content_key, &self.engine_key, topic] {
+        for part in [&self.engine_key, topic] {
             hasher.update(&(part.len() as u64).to_le_bytes()).update(part.as_bytes());
         }
-        self.dir.join(ANSWERS_DIR).join(hex(&hasher.finalize().as_bytes()[..16]))
+        let name = format!("{content_key}-{}", hex(&hasher.finalize().as_bytes()[..8]));
+        self.dir.join(ANSWERS_DIR).join(name)
     }
 
     /// Index the file at `path`, described by `stat` (taken from the open
@@ -440,19 +505,22 @@ impl CompileCache {
         if !stamp.settled(SystemTime::now(), self.racy_window) {
             return;
         }
-        let Some(entry) = self.index_entry(path, stat) else { return };
+        let Some((entry, canonical)) = self.index_entry(path, stat) else { return };
+        // The path after the key is for `keel cache` to show; a lookup
+        // reads the key alone.
+        let held = format!("{content_key}\n{}", canonical.display());
         // Not synced: after a crash an entry may be empty or gone, which is
         // a miss (`parse_content_key` refuses anything but a whole key), and
         // a sync per plugin would cost a start that indexes 50 of them more
         // than its own work.
-        if let Err(error) = crate::fs::replace_unsynced(&entry, content_key.as_bytes()) {
+        if let Err(error) = crate::fs::replace_unsynced(&entry, held.as_bytes()) {
             tracing::warn!(path = %entry.display(), "failed to write compile cache index: {error}");
         }
     }
 
     /// The index entry of the file at `path` as `stat` describes it, or
     /// `None` when the file has no identity to key it by.
-    fn index_entry(&self, path: &Path, stat: &Metadata) -> Option<PathBuf> {
+    fn index_entry(&self, path: &Path, stat: &Metadata) -> Option<(PathBuf, PathBuf)> {
         let stamp = FileStamp::of(stat)?;
         let path = path.canonicalize().ok()?;
         let mut hasher = blake3::Hasher::new();
@@ -465,15 +533,42 @@ impl CompileCache {
             hasher.update(&time.to_le_bytes());
         }
         hasher.update(self.engine_key.as_bytes());
-        Some(self.dir.join(INDEX_DIR).join(hex(&hasher.finalize().as_bytes()[..16])))
+        Some((self.dir.join(INDEX_DIR).join(hex(&hasher.finalize().as_bytes()[..16])), path))
     }
 }
 
 /// The content key held by an index entry, or `None` when the entry is not
-/// one (truncated, or not written by [`CompileCache::record`]).
-fn parse_content_key(entry: &[u8]) -> Option<&str> {
-    let well_formed = entry.len() == 64 && entry.iter().all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'));
-    well_formed.then(|| std::str::from_utf8(entry).ok()).flatten()
+/// one (truncated, or not written by [`CompileCache::record`]): 64 hex
+/// digits, alone or before a newline and the file's path.
+pub(crate) fn parse_content_key(entry: &[u8]) -> Option<&str> {
+    let (key, rest) = entry.split_at_checked(64)?;
+    let well_formed = key.iter().all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
+        && (rest.is_empty() || rest[0] == b'\n');
+    well_formed.then(|| std::str::from_utf8(key).ok()).flatten()
+}
+
+/// How stale an index entry's modification time may grow before a hit
+/// moves it to now. It is when a plugin file was last seen, which
+/// `keel cache prune` and the size cap go by; moving it on every hit would
+/// cost a start a write per plugin.
+pub(crate) const SEEN_GRANULE: Duration = Duration::from_secs(3600);
+
+/// The index entry at `entry`, marked as seen now when its mark is older
+/// than [`SEEN_GRANULE`]; `None` when it cannot be read.
+fn read_and_mark_seen(entry: &Path) -> Option<Vec<u8>> {
+    let mut file = std::fs::File::open(entry).ok()?;
+    let mut held = Vec::with_capacity(128);
+    file.read_to_end(&mut held).ok()?;
+    let now = SystemTime::now();
+    let stale = file
+        .metadata()
+        .and_then(|stat| stat.modified())
+        .is_ok_and(|modified| now.duration_since(modified).is_ok_and(|age| age > SEEN_GRANULE));
+    if stale {
+        // Best effort: a mark not moved only makes the entry look older.
+        let _ = file.set_modified(now);
+    }
+    Some(held)
 }
 
 /// What identifies a file's contents without reading them.
@@ -658,7 +753,8 @@ mod tests {
             .map(|entry| {
                 let path = entry.unwrap().path();
                 let held = std::fs::read_to_string(&path).unwrap();
-                (path, held)
+                let key = held.split('\n').next().unwrap().to_owned();
+                (path, key)
             })
             .collect()
     }
@@ -721,7 +817,8 @@ mod tests {
             let (compiled, read) = load(&runtime, &path);
             assert!(read.is_some(), "a corrupt entry is a miss: the file is read");
             assert!(compiled.from_cache, "and its code found by its bytes");
-            assert_eq!(std::fs::read_to_string(&entry).unwrap(), key, "the entry is rewritten");
+            let held = std::fs::read_to_string(&entry).unwrap();
+            assert_eq!(held.split('\n').next().unwrap(), key, "the entry is rewritten");
         }
     }
 

@@ -78,6 +78,10 @@ pub struct PluginConfig {
     /// may read the host's environment as `${NAME}`.
     #[serde(default)]
     pub secrets: BTreeMap<String, SecretConfig>,
+    /// The sha256 digest (lowercase hex) the tool's component must have:
+    /// a pin of this one plugin without a lock. Only in a section named
+    /// after one tool.
+    pub sha256: Option<String>,
 }
 
 /// One extra directory of a `[plugins.*]` section.

@@ -43,5 +43,6 @@ pub fn run(args: &ListArgs) -> Result<()> {
         ListFormat::Json => serde_json::to_string_pretty(&definitions::listing(pool))?,
     };
     println!("{text}");
+    host.wait_for_cache_upkeep();
     Ok(())
 }

@@ -2,7 +2,8 @@
 
 use std::collections::HashMap;
 use std::io::{IsTerminal as _, Read as _, Write as _};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::prompter::TerminalPrompter;
@@ -12,6 +13,9 @@ use indicatif::{MultiProgress, ProgressBar, ProgressStyle};
 use keel_host::Limits;
 use keel_host::batch::{openai_messages, parse_batch_bytes, user_message};
 use keel_host::config::Config;
+use keel_host::load::lock::LOCK_FILE_NAME;
+use keel_host::load::oci::{self, Pulled, Registries};
+use keel_host::load::{Lock, Pins, Runtime, default_cache_dir};
 use keel_host::{BatchRun, Event, Host, HostBuilder};
 
 /// Arguments of `keel run`.
@@ -46,10 +50,15 @@ enum ResultFormat {
 /// The flags every command that builds a host shares.
 #[derive(Args, Clone)]
 pub struct HostArgs {
-    /// A `.wasm` tool or a directory of them; repeatable. Default: the
-    /// example tools bundled with this build.
+    /// A `.wasm` tool, a directory of them, or an OCI artifact
+    /// (`oci://REGISTRY/REPO:TAG` or `…@sha256:DIGEST`); repeatable.
+    /// Default: the example tools bundled with this build.
     #[arg(long = "plugins", value_name = "PATH")]
     pub plugins: Vec<PathBuf>,
+    /// Refuse any plugin `keel.lock` does not name, and any entry of it
+    /// whose plugin this run does not load.
+    #[arg(long)]
+    pub locked: bool,
     /// The directory the tools work in. Default: the current directory.
     #[arg(long, value_name = "DIR")]
     pub workspace: Option<PathBuf>,
@@ -64,6 +73,20 @@ pub struct HostArgs {
     /// Compile every tool afresh and cache nothing.
     #[arg(long)]
     pub no_cache: bool,
+    /// The plugin files and pins, found once.
+    #[arg(skip)]
+    resolved: std::sync::OnceLock<Arc<Resolved>>,
+}
+
+/// The `--plugins` of a run made files, and what they are checked against.
+pub struct Resolved {
+    /// The plugin paths: those given, with each `oci://` artifact pulled.
+    pub paths: Vec<PathBuf>,
+    /// The pins, when there are any to check (a lock, `--locked`, a
+    /// `sha256` key) or the run is for `keel lock`.
+    pub pins: Option<Arc<Pins>>,
+    /// The artifacts pulled: each reference with what it gave.
+    pub pulled: Vec<(String, Pulled)>,
 }
 
 /// Run the batch; print the user message of tool_result blocks, or the
@@ -106,6 +129,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             };
             println!("{}", serde_json::to_string_pretty(&message)?);
         }
+        host.wait_for_cache_upkeep();
         anyhow::Ok(())
     })
 }
@@ -190,20 +214,86 @@ impl HostArgs {
     /// A host builder for these flags, leaving the configuration to the
     /// caller.
     pub fn builder_without_config(&self) -> Result<HostBuilder> {
+        let resolved = self.resolved()?;
         let mut builder = self.builder_without_plugins();
-        for path in self.plugin_paths()? {
+        for path in &resolved.paths {
             builder = builder.plugins(path);
+        }
+        if let Some(pins) = &resolved.pins {
+            builder = builder.pins(pins.clone());
         }
         Ok(builder)
     }
 
-    /// Where the plugins are: the `--plugins` paths, else the bundled
-    /// tools. A path that does not exist is an error naming it.
+    /// Where the plugins are: the `--plugins` paths, each `oci://` artifact
+    /// pulled, else the bundled tools. A path that does not exist is an
+    /// error naming it.
     pub fn plugin_paths(&self) -> Result<Vec<PathBuf>> {
-        if self.plugins.is_empty() {
-            return Ok(vec![bundled_tools()?]);
+        Ok(self.resolved()?.paths.clone())
+    }
+
+    /// The engine for plugins loaded ahead of a host (`keel serve`'s): the
+    /// compile cache at `cache` and the pins.
+    pub fn runtime(&self, limits: &Limits, cache: Option<&Path>) -> Result<Runtime> {
+        let runtime = Runtime::new(limits, cache.map(Path::to_path_buf))?;
+        Ok(match &self.resolved()?.pins {
+            Some(pins) => runtime.with_pins(pins.clone()),
+            None => runtime,
+        })
+    }
+
+    /// The plugin files and pins, found on first use.
+    pub fn resolved(&self) -> Result<Arc<Resolved>> {
+        if let Some(resolved) = self.resolved.get() {
+            return Ok(resolved.clone());
         }
-        for path in &self.plugins {
+        let resolved = Arc::new(self.resolve(false)?);
+        Ok(self.resolved.get_or_init(|| resolved).clone())
+    }
+
+    /// Where `keel.lock` is: beside `keel.toml` (`--config PATH`, else the
+    /// current directory's).
+    pub fn lock_path(&self) -> Result<PathBuf> {
+        let dir = match self.config.as_deref().and_then(Path::parent) {
+            Some(dir) if !dir.as_os_str().is_empty() => dir.to_path_buf(),
+            _ => std::env::current_dir()?,
+        };
+        Ok(dir.join(LOCK_FILE_NAME))
+    }
+
+    /// Find the plugin files and pins. `for_lock` is `keel lock`'s: tags
+    /// are resolved afresh, the lock there is not read, and the pins record
+    /// every plugin's digest.
+    pub fn resolve(&self, for_lock: bool) -> Result<Resolved> {
+        let config = self.config()?;
+        let lock_path = self.lock_path()?;
+        let lock = if for_lock { None } else { Lock::load(&lock_path)? };
+        let mut paths = Vec::new();
+        let mut pulled = Vec::new();
+        let sources: Vec<String> = if self.plugins.is_empty() {
+            vec![bundled_tools()?.to_string_lossy().into_owned()]
+        } else {
+            self.plugins.iter().map(|path| path.to_string_lossy().into_owned()).collect()
+        };
+        for source in sources {
+            if oci::is_reference(&source) {
+                let pinned = lock.as_ref().and_then(|lock| {
+                    lock.plugins
+                        .iter()
+                        .find(|entry| entry.source == source)
+                        .and_then(|entry| entry.resolved.clone())
+                });
+                let resolve = match (&pinned, for_lock) {
+                    (Some(digest), _) => oci::Resolve::Pinned(digest),
+                    (None, true) => oci::Resolve::Fresh,
+                    (None, false) => oci::Resolve::Cached,
+                };
+                let artifact = self.pull(&config, &source, resolve)?;
+                paths.push(artifact.file.clone());
+                pulled.push((source, artifact));
+                continue;
+            }
+            let path = PathBuf::from(&source);
             if !path.exists() {
                 bail!(
                     "no plugin at {}; pass a tool's .wasm component or a directory of them \
@@ -211,8 +301,51 @@ impl HostArgs {
                     path.display()
                 );
             }
+            paths.push(path);
         }
-        Ok(self.plugins.clone())
+        let pinned_by_config = config.plugins.values().any(|section| section.sha256.is_some());
+        let pins = if for_lock || lock.is_some() || self.locked || pinned_by_config {
+            let mut pins = Pins::new(lock_path, lock, self.locked, &config.plugins)?;
+            for (source, artifact) in &pulled {
+                pins = pins.with_source(artifact.file.clone(), source.clone());
+            }
+            Some(Arc::new(pins))
+        } else {
+            None
+        };
+        Ok(Resolved { paths, pins, pulled })
+    }
+
+    /// Pull `reference` into the OCI store beside the compile cache, on a
+    /// thread of its own so that it works inside a runtime or outside one.
+    fn pull(&self, config: &Config, reference: &str, resolve: oci::Resolve<'_>) -> Result<Pulled> {
+        let registries = Registries::new(&self.oci_dir()?, &config.registries.insecure);
+        std::thread::scope(|scope| {
+            scope
+                .spawn(|| {
+                    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+                    Ok(runtime.block_on(registries.pull(reference, resolve))?)
+                })
+                .join()
+                .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
+        })
+    }
+
+    /// Where pulled artifacts are kept: the compile cache's directory, or
+    /// with `--no-cache` a temporary one of this process.
+    pub fn oci_dir(&self) -> Result<PathBuf> {
+        if self.no_cache {
+            static TEMP: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+            if let Some(dir) = TEMP.get() {
+                return Ok(dir.clone());
+            }
+            let dir = tempfile::Builder::new().prefix("keel-oci-").tempdir()?.keep();
+            return Ok(TEMP.get_or_init(|| dir).clone());
+        }
+        match self.cache_dir.clone().or_else(default_cache_dir) {
+            Some(dir) => Ok(dir),
+            None => bail!("no place to keep pulled plugins: set KEEL_CACHE_DIR or pass --cache-dir"),
+        }
     }
 
     /// [`HostArgs::builder_without_config`] with no plugins: workspace and

@@ -89,7 +89,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         let first = builder();
         let (_, grants) = first.resolve_grants()?;
         let limits = first.resolve_limits();
-        let runtime = Arc::new(keel_host::load::Runtime::new(&limits, first.cache().map(PathBuf::from))?);
+        let runtime = Arc::new(args.host.runtime(&limits, first.cache())?);
         let plugins = reload::Plugins::load(args.host.plugin_paths()?, runtime, grants, limits).await?;
         let host = first.plugin_tools(plugins.tools()).build().await?;
         let events = match &args.events {

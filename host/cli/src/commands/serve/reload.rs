@@ -9,6 +9,12 @@
 //! left out until it loads. Then a new host is built with the plugins as
 //! they are now and put in place; calls in flight finish on the pool they
 //! started in, and every client is told the tool list changed.
+//!
+//! When the runtime has pins (a lock, `sha256` keys), every version loaded
+//! is checked against them as at start: the engine checks the file's
+//! digest before any of its code runs, and then the pins of the name it
+//! gives. A version that breaks one is refused like any file that fails
+//! to load.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -75,6 +81,9 @@ impl Plugins {
         // Several at once, as a host loads them.
         let files: Vec<PathBuf> = seen.keys().cloned().collect();
         let tools = keel_host::load_plugins(&runtime, files, Arc::new(grants.clone()), limits).await?;
+        if let Some(pins) = runtime.pins() {
+            keel_host::lock_entries(pins, tools.iter().map(|tool| tool as &dyn Tool))?;
+        }
         let loaded = seen
             .iter()
             .zip(tools)
@@ -85,6 +94,9 @@ impl Plugins {
 
     async fn load_one(&self, file: &Path) -> keel_host::Result<Arc<dyn Tool>> {
         let plugin = PluginTool::load_with_grants(&self.runtime, file, &self.grants, &self.limits).await?;
+        if let Some(pins) = self.runtime.pins() {
+            pins.check_plugin(&plugin.spec().name, file)?;
+        }
         Ok(Arc::new(plugin))
     }
 

@@ -1,0 +1,201 @@
+//! Pinned plugins: `keel lock`, a lock's refusals, `--locked`, and the
+//! `sha256` key of a `[plugins.X]` section.
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::Duration;
+
+use support::bundled;
+
+/// A project: a `tools/` directory of plugins and its own compile cache.
+struct Project {
+    dir: tempfile::TempDir,
+}
+
+impl Project {
+    fn new(tools: &[&str]) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::create_dir(dir.path().join("tools")).unwrap();
+        let project = Project { dir };
+        for tool in tools {
+            project.install(tool, tool);
+        }
+        project
+    }
+
+    fn path(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Put the bundled tool `tool` in `tools/` under the file name of `name`.
+    fn install(&self, name: &str, tool: &str) -> PathBuf {
+        let file = self.path().join(format!("tools/keel_tool_{name}.wasm"));
+        std::fs::copy(bundled(tool), &file).unwrap();
+        file
+    }
+
+    fn keel(&self, args: &[&str]) -> Output {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        command
+            .args(args)
+            .current_dir(self.path())
+            .env("KEEL_CACHE_DIR", self.path().join("cache"))
+            .env_remove("KEEL_LOG");
+        support::run(&mut command, Duration::from_secs(120))
+    }
+
+    fn keel_ok(&self, args: &[&str]) -> String {
+        let output = self.keel(args);
+        assert!(
+            output.status.success(),
+            "keel {args:?} failed:\n{}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).unwrap()
+    }
+
+    /// The stderr of `keel args`, which must fail.
+    fn keel_fails(&self, args: &[&str]) -> String {
+        let output = self.keel(args);
+        assert!(
+            !output.status.success(),
+            "keel {args:?} succeeded:\n{}",
+            String::from_utf8_lossy(&output.stdout)
+        );
+        String::from_utf8(output.stderr).unwrap()
+    }
+}
+
+fn sha256(path: &Path) -> String {
+    use sha2::Digest as _;
+    sha2::Sha256::digest(std::fs::read(path).unwrap()).iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// The names of the tools `keel list` prints.
+fn listed(stdout: &str) -> Vec<String> {
+    let tools: Vec<serde_json::Value> = serde_json::from_str(stdout).unwrap();
+    tools.iter().map(|tool| tool["name"].as_str().unwrap().to_owned()).collect()
+}
+
+#[test]
+fn keel_lock_records_name_source_digest_and_contract_of_every_plugin() {
+    let project = Project::new(&["echo", "grep"]);
+    project.keel_ok(&["lock", "--plugins", "tools"]);
+    let lock = std::fs::read_to_string(project.path().join("keel.lock")).unwrap();
+    let echo = sha256(&project.path().join("tools/keel_tool_echo.wasm"));
+    let grep = sha256(&project.path().join("tools/keel_tool_grep.wasm"));
+    assert_eq!(
+        lock,
+        format!(
+            "# Written by `keel lock`: the plugins this project runs, pinned by digest.\nversion = 1\n\n\
+             [[plugin]]\nname = \"echo\"\nsource = \"tools/keel_tool_echo.wasm\"\nsha256 = \"{echo}\"\ncontract = \"0.3.0\"\n\n\
+             [[plugin]]\nname = \"grep\"\nsource = \"tools/keel_tool_grep.wasm\"\nsha256 = \"{grep}\"\ncontract = \"0.3.0\"\n"
+        )
+    );
+    assert_eq!(
+        listed(&project.keel_ok(&["list", "--plugins", "tools", "--locked"])),
+        ["Read", "echo", "grep"]
+    );
+}
+
+#[test]
+fn a_tampered_plugin_under_a_lock_is_refused_naming_the_file_and_both_digests() {
+    let project = Project::new(&["echo", "grep"]);
+    project.keel_ok(&["lock", "--plugins", "tools"]);
+    let pinned = sha256(&project.path().join("tools/keel_tool_grep.wasm"));
+    // Warm the cache first: a refusal must not depend on the file being read.
+    project.keel_ok(&["list", "--plugins", "tools"]);
+
+    // Other bytes under the pinned file's name: another tool altogether.
+    let file = project.install("grep", "wc");
+    let actual = sha256(&file);
+    let stderr = project.keel_fails(&["list", "--plugins", "tools"]);
+    let lock = project.path().join("keel.lock").canonicalize().unwrap();
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: refused plugin tools/keel_tool_grep.wasm: {} pins sha256 {pinned}, but the file's component has sha256 {actual}",
+            lock.display()
+        )
+    );
+    // The same bytes the lock pins load again.
+    project.install("grep", "grep");
+    assert_eq!(listed(&project.keel_ok(&["list", "--plugins", "tools"])), ["Read", "echo", "grep"]);
+}
+
+#[test]
+fn a_plugin_the_lock_pins_by_name_is_refused_from_another_file_with_other_bytes() {
+    let project = Project::new(&["echo"]);
+    project.keel_ok(&["lock", "--plugins", "tools"]);
+    // Another build of a tool named `echo` is not the one locked, wherever it is.
+    let elsewhere = tempfile::tempdir().unwrap();
+    let impostor = elsewhere.path().join("echo.wasm");
+    std::fs::copy(bundled("echo"), &impostor).unwrap();
+    let mut bytes = std::fs::read(&impostor).unwrap();
+    // A custom section appended: a valid component with other bytes.
+    bytes.extend_from_slice(&[0, 7, 5, b'x', b'-', b'k', b'e', b'l', 0]);
+    std::fs::write(&impostor, &bytes).unwrap();
+    let stderr = project.keel_fails(&["list", "--plugins", impostor.to_str().unwrap()]);
+    assert!(stderr.contains(&format!("refused plugin {}", impostor.display())), "{stderr}");
+    assert!(
+        stderr.contains(&format!("but the file's component has sha256 {}", sha256(&impostor))),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn locked_refuses_a_plugin_the_lock_does_not_name_and_an_entry_whose_plugin_is_missing() {
+    let project = Project::new(&["echo", "grep"]);
+    let stderr = project.keel_fails(&["list", "--plugins", "tools", "--locked"]);
+    assert!(stderr.contains("--locked needs a lock; run `keel lock` to write one"), "{stderr}");
+    project.keel_ok(&["lock", "--plugins", "tools"]);
+    let lock = project.path().join("keel.lock").canonicalize().unwrap();
+
+    project.install("wc", "wc");
+    let stderr = project.keel_fails(&["list", "--plugins", "tools", "--locked"]);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: refused plugin tools/keel_tool_wc.wasm: {} does not name its tool wc (--locked); run `keel lock` to pin it",
+            lock.display()
+        )
+    );
+    // Without --locked, a plugin the lock does not name loads.
+    assert_eq!(listed(&project.keel_ok(&["list", "--plugins", "tools"])), ["Read", "echo", "grep", "wc"]);
+
+    std::fs::remove_file(project.path().join("tools/keel_tool_wc.wasm")).unwrap();
+    std::fs::remove_file(project.path().join("tools/keel_tool_echo.wasm")).unwrap();
+    let batch = project.path().join("batch.json");
+    std::fs::write(&batch, r#"[{"type":"tool_use","id":"1","name":"grep","input":{"pattern":"x"}}]"#)
+        .unwrap();
+    let stderr = project.keel_fails(&["run", "--plugins", "tools", "--locked", batch.to_str().unwrap()]);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: {} pins echo (from tools/keel_tool_echo.wasm), which this run does not load (--locked)",
+            lock.display()
+        )
+    );
+}
+
+#[test]
+fn a_sha256_key_pins_one_plugin_without_a_lock() {
+    let project = Project::new(&["echo", "grep"]);
+    let echo = sha256(&project.path().join("tools/keel_tool_echo.wasm"));
+    std::fs::write(project.path().join("keel.toml"), format!("[plugins.echo]\nsha256 = \"{echo}\"\n"))
+        .unwrap();
+    assert_eq!(listed(&project.keel_ok(&["list", "--plugins", "tools"])), ["Read", "echo", "grep"]);
+
+    let wrong = "0".repeat(64);
+    std::fs::write(project.path().join("keel.toml"), format!("[plugins.echo]\nsha256 = \"{wrong}\"\n"))
+        .unwrap();
+    let stderr = project.keel_fails(&["list", "--plugins", "tools"]);
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: refused plugin tools/keel_tool_echo.wasm: [plugins.echo] pins sha256 {wrong}, but the file's component has sha256 {echo}"
+        )
+    );
+}
