@@ -335,8 +335,7 @@ mod tests {
     fn a_reference_needs_the_scheme_and_a_real_digest() {
         assert!(parse("127.0.0.1:5000/tools/grep:1").is_err());
         assert!(parse("oci://127.0.0.1:5000/tools/grep:1").is_ok());
-        let error = parse("oci://127.0.0.1:5000/tools/grep@sha256:abc").unwrap_err();
-        assert!(error.contains("sha256"), "{error}");
+        assert!(parse("oci://127.0.0.1:5000/tools/grep@sha256:abc").is_err());
     }
 
     #[test]

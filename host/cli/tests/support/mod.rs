@@ -4,6 +4,8 @@
 
 #![allow(dead_code, reason = "each test binary uses part of it")]
 
+pub mod registry;
+
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
