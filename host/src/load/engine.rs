@@ -141,6 +141,22 @@ impl Runtime {
         pins.vet_file(path, &sha256)
     }
 
+    /// The cached code of the bytes `identity` names, found for `path`
+    /// without reading it, once they passed the pins; `None` when the code
+    /// is not cached or, with pins, their digest is not known: the file is
+    /// then read.
+    fn load_vetted(
+        &self,
+        cache: &CompileCache,
+        path: &Path,
+        identity: &Identity,
+    ) -> Result<Option<Component>> {
+        match self.vet_known(path, &identity.content_key) {
+            Some(vetted) => vetted.map(|()| cache.load_identified(&self.engine, identity)),
+            None => Ok(None),
+        }
+    }
+
     /// Check the bytes of `content_key`, found for `path` without reading
     /// it, against the pins: `None` when their digest is not known, and the
     /// file must be read.
@@ -198,11 +214,7 @@ impl Runtime {
         let started = Instant::now();
         if let Some(cache) = &self.cache
             && let Some(identity) = cache.identify(path)
-            && let Some(vetted) = self.vet_known(path, &identity.content_key)
-            && let Some(component) = {
-                vetted?;
-                cache.load_identified(&self.engine, &identity)
-            }
+            && let Some(component) = self.load_vetted(cache, path, &identity)?
         {
             let Identity { content_key, size } = identity;
             return Ok(Compiled {
@@ -239,11 +251,7 @@ impl Runtime {
     ) -> Result<Compiled> {
         let started = Instant::now();
         if let Some(cache) = &self.cache
-            && let Some(vetted) = self.vet_known(path, &identity.content_key)
-            && let Some(component) = {
-                vetted?;
-                cache.load_identified(&self.engine, identity)
-            }
+            && let Some(component) = self.load_vetted(cache, path, identity)?
         {
             let (size, content_key) = (identity.size, Some(identity.content_key.clone()));
             return Ok(Compiled { component, from_cache: true, time: started.elapsed(), size, content_key });
