@@ -844,6 +844,46 @@ mod tests {
         assert!(read.is_none() && compiled.from_cache);
     }
 
+    /// Pins of a lock beside `path` holding `path` to `sha256`.
+    fn pinned_to(path: &Path, sha256: &str) -> Arc<Pins> {
+        let entry = crate::load::lock::LockedPlugin {
+            name: "plugin".into(),
+            source: "plugin.wasm".into(),
+            resolved: None,
+            sha256: sha256.into(),
+            contract: "0.3.0".into(),
+        };
+        let lock = crate::load::lock::Lock::new(vec![entry]);
+        let lock_path = path.with_file_name("keel.lock");
+        Arc::new(Pins::new(lock_path, Some(lock), false, &Default::default()).unwrap())
+    }
+
+    #[test]
+    fn a_pinned_warm_start_checks_the_digest_kept_beside_the_code_without_reading_the_file() {
+        let IndexTest { cache: _cache, _plugins, mut runtime, path } = index_test(SETTLE);
+        write_settled(&path, &component(1));
+        let actual = sha256_hex(&component(1));
+        runtime.pins = Some(pinned_to(&path, &actual));
+        let (_, read) = load(&runtime, &path);
+        assert!(read.is_some(), "a cold start reads the file, and keeps its digest");
+        let (warm, read) = load(&runtime, &path);
+        assert!(warm.from_cache && read.is_none(), "a warm one reads neither the file nor its bytes");
+
+        runtime.pins = Some(pinned_to(&path, &"0".repeat(64)));
+        let error = runtime.compile_file(&path, |_| panic!("the file is not read")).err().unwrap();
+        let lock = path.with_file_name("keel.lock");
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "refused plugin {}: {} pins sha256 {}, but the file's component has sha256 {actual}",
+                path.display(),
+                lock.display(),
+                "0".repeat(64)
+            )
+        );
+        assert!(runtime.identify(&path).is_none(), "a refused file is left to the full load, which says why");
+    }
+
     #[test]
     fn the_same_bytes_loaded_at_once_are_compiled_once() {
         let cache = tempfile::tempdir().unwrap();
