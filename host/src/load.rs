@@ -15,6 +15,7 @@ pub mod floor;
 pub(crate) mod grants;
 pub mod lock;
 pub mod network;
+#[cfg(feature = "oci")]
 pub mod oci;
 pub(crate) mod plugin;
 pub(crate) mod sandbox;
