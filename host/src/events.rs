@@ -116,6 +116,12 @@ pub struct PlannedGroup {
 }
 
 impl Event {
+    /// Whether a running tool reported it itself: progress, a log line, a
+    /// refused request. The other events tell a call's course.
+    pub fn is_report(&self) -> bool {
+        matches!(self, Event::Progress { .. } | Event::ToolLog { .. } | Event::NetworkRefused { .. })
+    }
+
     /// The event that carries `result`.
     pub fn tool_result(result: &ToolResult) -> Self {
         Event::ToolResult {
@@ -138,5 +144,28 @@ impl Event {
             | Event::ToolResultReplaced { tool_use_id, .. } => Some(tool_use_id),
             Event::BatchPlan { .. } | Event::BatchFinished { .. } | Event::Summary { .. } => None,
         }
+    }
+}
+
+/// Where the events of a call arriving on its own go
+/// ([`crate::Arrival::run`]), and which of them.
+#[derive(Clone)]
+pub struct EventSink {
+    pub(crate) sink: std::sync::Arc<dyn Fn(Event) + Send + Sync>,
+    pub(crate) every: bool,
+}
+
+impl EventSink {
+    /// Every event of the call, as it happens: its start (the tool is asked
+    /// for its activity), what it reports, its end and its result.
+    pub fn every(sink: std::sync::Arc<dyn Fn(Event) + Send + Sync>) -> Self {
+        EventSink { sink, every: true }
+    }
+
+    /// Only what the running tool reports ([`Event::is_report`]): the tool
+    /// is not asked for its activity, and no other event is built. What a
+    /// server that forwards progress to its client needs.
+    pub fn reports(sink: std::sync::Arc<dyn Fn(Event) + Send + Sync>) -> Self {
+        EventSink { sink, every: false }
     }
 }

@@ -49,7 +49,7 @@ pub use batch::{ToolResult, ToolUse};
 pub use content::{Content, ContentBlock, Image};
 pub use contract::CONTRACT_VERSION;
 pub use error::{Error, Result};
-pub use events::Event;
+pub use events::{Event, EventSink};
 pub use host::{BatchRun, Environment, Host, HostBuilder, load_plugins, lock_entries};
 pub use limits::Limits;
 pub use run::context;

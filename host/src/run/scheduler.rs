@@ -105,18 +105,28 @@ pub(crate) enum Events {
     Channel(mpsc::UnboundedSender<Event>),
     /// To a function, called as each event happens.
     Sink(Arc<dyn Fn(Event) + Send + Sync>),
+    /// To a function, only what a running tool reports itself: progress, log
+    /// lines and refused requests ([`Event::is_report`]).
+    Reports(Arc<dyn Fn(Event) + Send + Sync>),
     /// Nowhere: nobody reads them.
     Nobody,
 }
 
 impl Events {
-    /// Whether nobody reads events (any more).
+    /// Whether nobody reads the events of a call's course (any more): its
+    /// start, with the activity the tool is asked for, its end and its
+    /// result. A reader of reports alone reads none of them.
     fn is_closed(&self) -> bool {
         match self {
             Events::Channel(sender) => sender.is_closed(),
             Events::Sink(_) => false,
-            Events::Nobody => true,
+            Events::Reports(_) | Events::Nobody => true,
         }
+    }
+
+    /// Whether anyone reads what a running tool reports.
+    fn reads_reports(&self) -> bool {
+        matches!(self, Events::Reports(_)) || !self.is_closed()
     }
 }
 
@@ -127,14 +137,22 @@ pub(crate) fn emit(events: &Events, event: Event) {
             let _ = sender.send(event);
         }
         Events::Sink(sink) => sink(event),
-        Events::Nobody => {}
+        Events::Reports(sink) if event.is_report() => sink(event),
+        Events::Reports(_) | Events::Nobody => {}
     }
 }
 
-/// [`emit`] an event built only when someone listens: a batch run for its
-/// outcome alone spares the copies an event holds.
+/// [`emit`] an event of a call's course built only when someone listens: a
+/// batch run for its outcome alone spares the copies an event holds.
 fn emit_with(events: &Events, event: impl FnOnce() -> Event) {
     if !events.is_closed() {
+        emit(events, event());
+    }
+}
+
+/// [`emit`] a report of a running tool, built only when someone listens.
+fn emit_report_with(events: &Events, event: impl FnOnce() -> Event) {
+    if events.reads_reports() {
         emit(events, event());
     }
 }
@@ -677,7 +695,7 @@ async fn run_one(
             );
         }),
         log: Arc::new(move |level, message| {
-            emit_with(&log_events, || Event::ToolLog {
+            emit_report_with(&log_events, || Event::ToolLog {
                 tool_use_id: log_id.clone(),
                 level,
                 message: message.to_owned(),

@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::batch::{ToolResult, ToolUse};
-use crate::events::Event;
+use crate::events::{Event, EventSink};
 use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
 use crate::run::call::{self, NOT_STARTED, PLANNING_PANICKED};
@@ -198,7 +198,8 @@ impl Arrival {
     /// and the result budgets, with the result as a message of its own.
     /// The call's batch fuel allowance is its own. `events`, when given,
     /// gets `call_started`, each `progress` the moment the tool reports it,
-    /// `call_finished` and `tool_result`; with no reader, the tool is not
+    /// `call_finished` and `tool_result`, or only the reports
+    /// ([`EventSink::reports`]); unless it gets them all, the tool is not
     /// asked for its activity.
     ///
     /// An interrupt before the call starts means it never starts; while it
@@ -211,10 +212,14 @@ impl Arrival {
     pub async fn run(
         self,
         tool_use: ToolUse,
-        events: Option<Arc<dyn Fn(Event) + Send + Sync>>,
+        events: Option<EventSink>,
         interrupt: &Interrupt,
     ) -> ToolResult {
-        let events = events.map_or(Events::Nobody, Events::Sink);
+        let events = match events {
+            None => Events::Nobody,
+            Some(EventSink { sink, every: true }) => Events::Sink(sink),
+            Some(EventSink { sink, every: false }) => Events::Reports(sink),
+        };
         if self.0.taken.swap(true, Ordering::Relaxed) {
             let message = "the host ran this call from an arrival that had already run one";
             return finished(&events, ToolResult::error(&tool_use.id, message));

@@ -17,6 +17,7 @@
 
 mod approval;
 mod arrivals;
+mod forward;
 mod http;
 mod oversized;
 mod reload;
@@ -31,18 +32,17 @@ use keel_host::config::Config;
 use keel_host::load::{Access, Grants};
 use keel_host::pool::definitions::model_description;
 use keel_host::tool::{LogLevel, ToolOrigin, ToolSpec};
-use keel_host::{Arrival, CallStream, Event, Host, Interrupt, ToolResult, ToolUse};
+use keel_host::{Arrival, CallStream, Event, EventSink, Host, Interrupt, ToolResult, ToolUse};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, CustomRequest, CustomResult,
-    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ProgressNotificationParam,
-    ProgressToken, ServerCapabilities, ServerConfig, ToolAnnotations,
+    Implementation, JsonObject, ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
+    ToolAnnotations,
 };
 use rmcp::service::RequestContext;
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt as _};
 use serde_json::Value;
-use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 
 use self::arrivals::Arrivals;
@@ -236,34 +236,36 @@ impl Server {
         tool_use: ToolUse,
         arrival: Arrival,
         cancelled: &CancellationToken,
-        progress: Option<ProgressForwarder>,
-        log: Option<LogForwarder>,
+        progress: Option<Arc<forward::Forwarder<Value>>>,
+        log: Option<(Arc<forward::Forwarder<(LogLevel, String)>>, LogLevel)>,
     ) -> ToolResult {
         let interrupt = Interrupt::new();
         if cancelled.is_cancelled() {
             interrupt.interrupt();
         }
-        // Events have readers only with a progress token or an events file.
-        let progress_sender = progress.as_ref().map(|forwarder| forwarder.sender.clone());
-        let log_sender = log.as_ref().map(|forwarder| (forwarder.sender.clone(), forwarder.least));
-        let readers = progress_sender.is_some() || log_sender.is_some() || self.events.is_some();
-        let sink = readers.then(|| {
-            let (events, progress) = (self.events.clone(), progress_sender);
-            Arc::new(move |event: Event| {
-                if let (Some(progress), Event::Progress { data, .. }) = (&progress, &event) {
-                    // The forwarder outlives the call; a send cannot fail.
-                    let _ = progress.send(Some(data.clone()));
-                }
-                if let (Some((log, least)), Event::ToolLog { level, message, .. }) = (&log_sender, &event)
-                    && level >= least
-                {
-                    let _ = log.send(Some((*level, message.clone())));
-                }
-                if let Some(events) = &events {
-                    events.write(&event);
-                }
-            }) as Arc<dyn Fn(Event) + Send + Sync>
-        });
+        // Every event goes to an events file; a client with a progress token
+        // or a log level reads only what the tool reports.
+        let (events, progress_to, log_to) = (self.events.clone(), progress.clone(), log.clone());
+        let forward = move |event: Event| {
+            if let (Some(progress), Event::Progress { data, .. }) = (&progress_to, &event) {
+                progress.send(data.clone());
+            }
+            if let (Some((log, least)), Event::ToolLog { level, message, .. }) = (&log_to, &event)
+                && level >= least
+            {
+                log.send((*level, message.clone()));
+            }
+            if let Some(events) = &events {
+                events.write(&event);
+            }
+        };
+        let sink = if self.events.is_some() {
+            Some(EventSink::every(Arc::new(forward)))
+        } else if progress.is_some() || log.is_some() {
+            Some(EventSink::reports(Arc::new(forward)))
+        } else {
+            None
+        };
         let run = arrival.run(tool_use, sink, &interrupt);
         tokio::pin!(run);
         let result = tokio::select! {
@@ -277,7 +279,7 @@ impl Server {
         if let Some(progress) = progress {
             progress.finish().await;
         }
-        if let Some(log) = log {
+        if let Some((log, _)) = log {
             log.finish().await;
         }
         result
@@ -360,10 +362,10 @@ impl ServerHandler for Server {
         let progress = context
             .meta
             .get_progress_token()
-            .map(|token| ProgressForwarder::start(context.peer.clone(), token));
+            .map(|token| Arc::new(forward::progress(context.peer.clone(), token)));
         let least = *self.log_level.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let log =
-            least.map(|least| LogForwarder::start(context.peer.clone(), least, request.name.to_string()));
+        let log = least
+            .map(|least| (Arc::new(forward::log(context.peer.clone(), request.name.to_string())), least));
         let result = self.call(tool_use, arrival, &context.ct, progress, log).await;
         drop(live);
         // A call that stopped to ask its client answers with the question.
@@ -462,80 +464,6 @@ fn log_level_of(level: rmcp::model::LoggingLevel) -> LogLevel {
         Mcp::Info | Mcp::Notice => LogLevel::Info,
         Mcp::Warning => LogLevel::Warn,
         Mcp::Error | Mcp::Critical | Mcp::Alert | Mcp::Emergency => LogLevel::Error,
-    }
-}
-
-/// Sends a call's log lines at `least` or above to the client as
-/// `notifications/message`, in order, the tool's name as the logger.
-struct LogForwarder {
-    sender: mpsc::UnboundedSender<Option<(LogLevel, String)>>,
-    least: LogLevel,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl LogForwarder {
-    #[allow(deprecated, reason = "logging is deprecated from 2026-07-28 on; older clients still use it")]
-    fn start(peer: Peer<RoleServer>, least: LogLevel, tool: String) -> Self {
-        use rmcp::model::{LoggingLevel as Mcp, LoggingMessageNotificationParam};
-        let (sender, mut lines) = mpsc::unbounded_channel::<Option<(LogLevel, String)>>();
-        let task = tokio::spawn(async move {
-            while let Some(Some((level, message))) = lines.recv().await {
-                let level = match level {
-                    LogLevel::Trace | LogLevel::Debug => Mcp::Debug,
-                    LogLevel::Info => Mcp::Info,
-                    LogLevel::Warn => Mcp::Warning,
-                    LogLevel::Error => Mcp::Error,
-                };
-                let notification =
-                    LoggingMessageNotificationParam::new(level, Value::String(message)).with_logger(&tool);
-                if let Err(error) = peer.notify_logging_message(notification).await {
-                    tracing::debug!("failed to send a log message: {error}");
-                }
-            }
-        });
-        LogForwarder { sender, least, task }
-    }
-
-    /// Send what is still queued, then stop.
-    async fn finish(self) {
-        let _ = self.sender.send(None);
-        let _ = self.task.await;
-    }
-}
-
-/// Sends a call's progress reports to the client as
-/// `notifications/progress`, in order, numbering them 1, 2, 3, ….
-struct ProgressForwarder {
-    sender: mpsc::UnboundedSender<Option<Value>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl ProgressForwarder {
-    fn start(peer: Peer<RoleServer>, token: ProgressToken) -> Self {
-        let (sender, mut reports) = mpsc::unbounded_channel::<Option<Value>>();
-        let task = tokio::spawn(async move {
-            let mut count = 0u32;
-            while let Some(Some(data)) = reports.recv().await {
-                count += 1;
-                let message = match data {
-                    Value::String(text) => text,
-                    other => other.to_string(),
-                };
-                let notification =
-                    ProgressNotificationParam::new(token.clone(), f64::from(count)).with_message(message);
-                if let Err(error) = peer.notify_progress(notification).await {
-                    tracing::debug!("failed to send a progress notification: {error}");
-                }
-            }
-        });
-        ProgressForwarder { sender, task }
-    }
-
-    /// Send what is still queued, then stop: the call's result goes out
-    /// after its last progress notification.
-    async fn finish(self) {
-        let _ = self.sender.send(None);
-        let _ = self.task.await;
     }
 }
 

@@ -1,0 +1,117 @@
+//! What a running call reports, sent on to its client in order: progress
+//! as `notifications/progress`, log lines as `notifications/message`.
+//!
+//! A forwarder's task starts with the first report. Most calls report
+//! nothing, and every client that asks for progress gives each request a
+//! token (rmcp's client always does), so a task spawned for every call would
+//! be one more thread woken per call, for nothing.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Mutex;
+
+use keel_host::tool::LogLevel;
+use rmcp::model::{ProgressNotificationParam, ProgressToken};
+use rmcp::{Peer, RoleServer};
+use serde_json::Value;
+use tokio::sync::mpsc;
+
+/// What a forwarder's task does with the reports it is sent.
+type Drain<T> =
+    Box<dyn FnOnce(mpsc::UnboundedReceiver<T>) -> Pin<Box<dyn Future<Output = ()> + Send>> + Send>;
+
+/// Reports of type `T`, sent on in order by a task started with the first.
+pub struct Forwarder<T> {
+    state: Mutex<State<T>>,
+}
+
+enum State<T> {
+    /// Nothing reported yet: the task is not started.
+    Idle(Drain<T>),
+    /// Started: reports go to its queue.
+    Running(mpsc::UnboundedSender<T>, tokio::task::JoinHandle<()>),
+    /// Finished, or its task could not be started.
+    Done,
+}
+
+impl<T: Send + 'static> Forwarder<T> {
+    fn new(drain: Drain<T>) -> Self {
+        Forwarder { state: Mutex::new(State::Idle(drain)) }
+    }
+
+    /// Queue `report`, starting the task if this is the first. Called from
+    /// inside the runtime (a tool's host call), so the task can be spawned.
+    pub fn send(&self, report: T) {
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if matches!(*state, State::Idle(_)) {
+            let State::Idle(drain) = std::mem::replace(&mut *state, State::Done) else {
+                unreachable!("the state was just seen idle")
+            };
+            let (sender, reports) = mpsc::unbounded_channel();
+            *state = State::Running(sender, tokio::spawn(drain(reports)));
+        }
+        if let State::Running(sender, _) = &*state {
+            // The task ends only once the sender is dropped, below.
+            let _ = sender.send(report);
+        }
+    }
+
+    /// Send on what is still queued, then stop: the call's result goes out
+    /// after its last report.
+    pub async fn finish(&self) {
+        let state = std::mem::replace(
+            &mut *self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
+            State::Done,
+        );
+        if let State::Running(sender, task) = state {
+            drop(sender);
+            let _ = task.await;
+        }
+    }
+}
+
+/// A call's progress reports as `notifications/progress` for `token`,
+/// numbered 1, 2, 3, ….
+pub fn progress(peer: Peer<RoleServer>, token: ProgressToken) -> Forwarder<Value> {
+    Forwarder::new(Box::new(move |mut reports| {
+        Box::pin(async move {
+            let mut count = 0u32;
+            while let Some(data) = reports.recv().await {
+                count += 1;
+                let message = match data {
+                    Value::String(text) => text,
+                    other => other.to_string(),
+                };
+                let notification =
+                    ProgressNotificationParam::new(token.clone(), f64::from(count)).with_message(message);
+                if let Err(error) = peer.notify_progress(notification).await {
+                    tracing::debug!("failed to send a progress notification: {error}");
+                }
+            }
+        })
+    }))
+}
+
+/// A call's log lines as `notifications/message`, the tool's name as the
+/// logger.
+#[allow(deprecated, reason = "logging is deprecated from 2026-07-28 on; older clients still use it")]
+pub fn log(peer: Peer<RoleServer>, tool: String) -> Forwarder<(LogLevel, String)> {
+    use rmcp::model::{LoggingLevel as Mcp, LoggingMessageNotificationParam};
+    Forwarder::new(Box::new(move |mut lines| {
+        Box::pin(async move {
+            while let Some((level, message)) = lines.recv().await {
+                let level = match level {
+                    LogLevel::Trace | LogLevel::Debug => Mcp::Debug,
+                    LogLevel::Info => Mcp::Info,
+                    LogLevel::Warn => Mcp::Warning,
+                    LogLevel::Error => Mcp::Error,
+                };
+                let notification =
+                    LoggingMessageNotificationParam::new(level, Value::String(message)).with_logger(&tool);
+                if let Err(error) = peer.notify_logging_message(notification).await {
+                    tracing::debug!("failed to send a log message: {error}");
+                }
+            }
+        })
+    }))
+}
