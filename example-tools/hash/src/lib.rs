@@ -1,4 +1,5 @@
 //! `hash`: sha256 of a text or a file, optionally iterated — real CPU work.
+//! A text may be repeated, so a call can hash many bytes it makes itself.
 //!
 //! Read-only and concurrency-safe. Hashing a file names the file, from the
 //! workspace root, as its permission subject; hashing a text names none.
@@ -11,6 +12,9 @@ use sha2::{Digest, Sha256};
 /// Most rounds one call may ask for: enough for a long CPU-bound call, not
 /// enough to be a typo that runs for an hour.
 pub const MAX_ROUNDS: u64 = 100_000_000;
+
+/// Most bytes a repeated text may come to, 1 GiB: seconds of work, not hours.
+pub const MAX_REPEATED_BYTES: u64 = 1 << 30;
 
 /// Input of `hash`: exactly one of `text` and `file_path`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -26,6 +30,10 @@ pub struct Input {
     /// Default: 1.
     #[serde(default)]
     pub rounds: Option<u64>,
+    /// Hash `text` repeated this many times, as one stream of bytes, at most
+    /// 1 GiB in all. Default: 1.
+    #[serde(default)]
+    pub repeat: Option<u64>,
 }
 
 /// The `hash` tool.
@@ -34,8 +42,9 @@ pub struct Hash;
 impl Tool for Hash {
     type Input = Input;
     const NAME: &str = "hash";
-    const DESCRIPTION: &str = "Computes the sha256 of a text or of a file, in hex; with `rounds`, \
-        hashes the digest again that many times.";
+    const DESCRIPTION: &str = "Computes the sha256 of a text or of a file, in hex; with `repeat`, \
+        of the text repeated that many times; with `rounds`, hashes the digest again that many \
+        times.";
     const SEARCH_HINT: Option<&str> = Some("sha256 digest of text or a file");
 
     fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
@@ -59,19 +68,46 @@ impl Tool for Hash {
         match input.rounds {
             Some(0) => bail!("`rounds` must be at least 1"),
             Some(rounds) if rounds > MAX_ROUNDS => bail!("`rounds` must be at most {MAX_ROUNDS}"),
+            _ => {}
+        }
+        match (input.repeat, &input.text) {
+            (None, _) => Ok(()),
+            (Some(_), None) => bail!("`repeat` repeats a `text`; give one"),
+            (Some(0), _) => bail!("`repeat` must be at least 1"),
+            (Some(repeat), Some(text)) if repeat.saturating_mul(text.len() as u64) > MAX_REPEATED_BYTES => {
+                bail!("`text` repeated {repeat} times is over {MAX_REPEATED_BYTES} bytes")
+            }
             _ => Ok(()),
         }
     }
 
     fn call(input: Input, cx: &Context) -> Result<Output> {
+        let rounds = input.rounds.unwrap_or(1);
         let bytes = match (&input.text, &input.file_path) {
+            (Some(text), _) if input.repeat.is_some() => {
+                let repeat = input.repeat.unwrap_or(1);
+                return Ok(Output::text(hex(&digest_repeated(text.as_bytes(), repeat, rounds))));
+            }
             (Some(text), _) => text.clone().into_bytes(),
             (None, Some(path)) => std::fs::read(cx.resolve(path))
                 .map_err(|error| keel_guest::Error::io("cannot read", path, &error))?,
             (None, None) => bail!("give `text` or `file_path`"),
         };
-        Ok(Output::text(hex(&digest(&bytes, input.rounds.unwrap_or(1)))))
+        Ok(Output::text(hex(&digest(&bytes, rounds))))
     }
+}
+
+/// [`digest`] of `bytes` repeated `repeat` times, without making the copies.
+pub fn digest_repeated(bytes: &[u8], repeat: u64, rounds: u64) -> [u8; 32] {
+    let mut hasher = Sha256::new();
+    for _ in 0..repeat {
+        hasher.update(bytes);
+    }
+    let mut digest: [u8; 32] = hasher.finalize().into();
+    for _ in 1..rounds {
+        digest = Sha256::digest(digest).into();
+    }
+    digest
 }
 
 /// sha256 of `bytes`, then of each digest again, `rounds` times in all.
@@ -96,7 +132,7 @@ mod tests {
     use super::*;
 
     fn text(text: &str, rounds: Option<u64>) -> Input {
-        Input { text: Some(text.into()), file_path: None, rounds }
+        Input { text: Some(text.into()), file_path: None, rounds, repeat: None }
     }
 
     #[test]
@@ -116,19 +152,19 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         std::fs::write(dir.path().join("f"), "abc").unwrap();
         let cx = Context::new(json!({ "cwd": dir.path() }));
-        let input = Input { text: None, file_path: Some("f".into()), rounds: None };
+        let input = Input { text: None, file_path: Some("f".into()), rounds: None, repeat: None };
         assert_eq!(Hash::call(input, &cx).unwrap().text(), hex(&digest(b"abc", 1)));
     }
 
     #[test]
     fn wants_exactly_one_source_and_sane_rounds() {
         let cx = Context::workspace_root();
-        let both = Input { text: Some("a".into()), file_path: Some("b".into()), rounds: None };
+        let both = Input { text: Some("a".into()), file_path: Some("b".into()), rounds: None, repeat: None };
         assert_eq!(
             Hash::validate_input(&both, &cx).unwrap_err().message(),
             "give either `text` or `file_path`, not both"
         );
-        let none = Input { text: None, file_path: None, rounds: None };
+        let none = Input { text: None, file_path: None, rounds: None, repeat: None };
         assert_eq!(Hash::validate_input(&none, &cx).unwrap_err().message(), "give `text` or `file_path`");
         assert_eq!(
             Hash::validate_input(&text("a", Some(0)), &cx).unwrap_err().message(),
@@ -137,9 +173,27 @@ mod tests {
     }
 
     #[test]
+    fn a_repeated_text_hashes_as_its_copies_would() {
+        let cx = Context::workspace_root();
+        let input = Input { repeat: Some(3), ..text("abc", Some(2)) };
+        assert_eq!(Hash::call(input, &cx).unwrap().text(), hex(&digest(b"abcabcabc", 2)));
+        let no_text = Input { text: None, file_path: Some("f".into()), rounds: None, repeat: Some(2) };
+        assert_eq!(
+            Hash::validate_input(&no_text, &cx).unwrap_err().message(),
+            "`repeat` repeats a `text`; give one"
+        );
+        let huge = Input { repeat: Some(1 << 30), ..text("ab", None) };
+        assert_eq!(
+            Hash::validate_input(&huge, &cx).unwrap_err().message(),
+            "`text` repeated 1073741824 times is over 1073741824 bytes"
+        );
+    }
+
+    #[test]
     fn names_the_file_from_the_workspace_root_after_a_cd() {
         let secrets = Context::new(json!({ "cwd": "/workspace/secrets" }));
-        let file = |path: &str| Input { text: None, file_path: Some(path.into()), rounds: None };
+        let file =
+            |path: &str| Input { text: None, file_path: Some(path.into()), rounds: None, repeat: None };
         assert_eq!(Hash::permission_subject(&file("k.txt"), &secrets).as_deref(), Some("secrets/k.txt"));
         assert_eq!(Hash::permission_subject(&file("../a/./b"), &secrets).as_deref(), Some("a/b"));
         assert_eq!(Hash::permission_subject(&text("k.txt", None), &secrets), None);
