@@ -594,6 +594,25 @@ impl Host {
         }
     }
 
+    /// Get every tool ready for its first call ([`Tool::warm_up`]): for a
+    /// plugin whose code was left unloaded at start, load it and warm a
+    /// sandbox of it, one plugin after another. A first call then costs about
+    /// what a later one does. Meant to run in the background once the host
+    /// is built, as `keel serve` runs it; the future holds the pool, not the
+    /// host.
+    ///
+    /// [`Tool::warm_up`]: crate::tool::Tool::warm_up
+    pub fn warm_up(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let pool = self.pool.clone();
+        async move {
+            for entry in pool.entries() {
+                entry.tool.warm_up().await;
+                // The calls that arrive meanwhile go first.
+                tokio::task::yield_now().await;
+            }
+        }
+    }
+
     /// A stream of calls that arrive one at a time, as an MCP server's
     /// concurrent requests do, starting from `context` (see
     /// [`context::initial`]): each call is planned, admitted and run by the

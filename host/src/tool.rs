@@ -285,6 +285,12 @@ pub trait Tool: Send + Sync + 'static {
     async fn inputs_equivalent(&self, a: &Value, b: &Value) -> bool {
         a == b
     }
+
+    /// Get ready for a first call: do now what the first call would
+    /// otherwise do first, such as loading code left unloaded at start.
+    /// Never required; a failure is the first call's to report. Default:
+    /// nothing.
+    async fn warm_up(&self) {}
 }
 
 /// One call of a tool on one input, under one context: the per-input

@@ -19,7 +19,9 @@ use keel_host::budget::{Budget, BudgetConfig, Threshold};
 use keel_host::load::floor::{CACHE_RACY_WINDOW, Floor};
 use keel_host::{Error, Host, Result, ToolResult, ToolUse};
 
+pub mod http;
 pub mod mcp;
+pub mod network;
 
 /// One figure, as `keel bench --json` prints it.
 #[derive(Clone, Debug, Serialize)]
@@ -121,7 +123,7 @@ fn echo_use(id: usize) -> ToolUse {
 
 /// Figure 1: one call through keel's whole path against the floor.
 pub fn per_call(options: &BenchOptions) -> Result<Figure> {
-    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let workspace = tempdir()?;
     let rt = runtime(1);
     let host = rt.block_on(echo_host(options, workspace.path()))?;
     let floor = Floor::new(&options.tool("echo"))?;
@@ -152,7 +154,7 @@ pub fn per_call(options: &BenchOptions) -> Result<Figure> {
 /// Figure 2: 1,000 concurrency-safe calls, cap 10, against the floor's same
 /// loop under a semaphore; with `workers` tokio workers.
 pub fn throughput(options: &BenchOptions, workers: usize) -> Result<Figure> {
-    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let workspace = tempdir()?;
     let rt = runtime(workers);
     let host = rt.block_on(echo_host(options, workspace.path()))?;
     let floor = Arc::new(Floor::new(&options.tool("echo"))?);
@@ -188,7 +190,7 @@ pub fn throughput(options: &BenchOptions, workers: usize) -> Result<Figure> {
 /// Figure 3: 100 CPU-heavy `hash` calls, cap 10: wall time against the
 /// serial time divided by the cores.
 pub fn batch_speedup(options: &BenchOptions) -> Result<Figure> {
-    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let workspace = tempdir()?;
     let rt = runtime(cores());
     let host = rt.block_on(echo_host(options, workspace.path()))?;
     let (calls, rounds) = (options.scale(100, 20), options.scale(20_000, 2_000));
@@ -220,33 +222,12 @@ pub fn batch_speedup(options: &BenchOptions) -> Result<Figure> {
 /// ago, as installed plugins have (the cache reads and hashes a file changed
 /// more recently on every start).
 pub fn startup(options: &BenchOptions) -> Result<Figure> {
-    let plugins = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
-    let sources: Vec<PathBuf> = keel_host::load::plugin_files(&options.tools)?;
-    for i in 0..50 {
-        let source = &sources[i % sources.len()];
-        let target = plugins.path().join(format!("p{i:02}.wasm"));
-        std::fs::copy(source, &target).map_err(|error| Error::io("copy", source, error))?;
-    }
+    let plugins = fifty_plugins(options)?;
     let copied = Instant::now();
-    let cache = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let cache = tempdir()?;
     let start = || -> Result<f64> {
-        let output = std::process::Command::new(&options.keel)
-            .args(START_POOL_ARGS)
-            .arg(plugins.path())
-            .arg(cache.path())
-            .stdin(std::process::Stdio::null())
-            .output()
-            .map_err(|error| Error::io("run", &options.keel, error))?;
-        let stdout = String::from_utf8_lossy(&output.stdout);
-        match stdout.trim().parse::<f64>() {
-            Ok(ms) if output.status.success() => Ok(ms),
-            _ => Err(Error::Engine(format!(
-                "`keel {}` failed ({}): {}",
-                START_POOL_ARGS.join(" "),
-                output.status,
-                String::from_utf8_lossy(&output.stderr).trim()
-            ))),
-        }
+        let [ms] = child_figures(options, &START_POOL_ARGS, plugins.path(), cache.path())?;
+        Ok(ms)
     };
     let cold = start()?;
     std::thread::sleep(CACHE_RACY_WINDOW.saturating_sub(copied.elapsed()));
@@ -255,6 +236,50 @@ pub fn startup(options: &BenchOptions) -> Result<Figure> {
     figure.target = Some("keel <= 10 ms".into());
     figure.met = Some(figure.keel <= 10.0);
     Ok(figure)
+}
+
+/// A directory of 50 plugins: the bundled tools, copied over and over.
+pub(crate) fn fifty_plugins(options: &BenchOptions) -> Result<tempfile::TempDir> {
+    let plugins = tempdir()?;
+    let sources: Vec<PathBuf> = keel_host::load::plugin_files(&options.tools)?;
+    for i in 0..50 {
+        let source = &sources[i % sources.len()];
+        let target = plugins.path().join(format!("p{i:02}.wasm"));
+        std::fs::copy(source, &target).map_err(|error| Error::io("copy", source, error))?;
+    }
+    Ok(plugins)
+}
+
+fn tempdir() -> Result<tempfile::TempDir> {
+    tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))
+}
+
+/// Run the `keel` binary with `args`, `plugins` and `cache`, and read the
+/// `N` numbers it prints on one line: the figures of one fresh process.
+fn child_figures<const N: usize>(
+    options: &BenchOptions,
+    args: &[&str],
+    plugins: &Path,
+    cache: &Path,
+) -> Result<[f64; N]> {
+    let output = std::process::Command::new(&options.keel)
+        .args(args)
+        .arg(plugins)
+        .arg(cache)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|error| Error::io("run", &options.keel, error))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let numbers: Vec<f64> = stdout.split_whitespace().filter_map(|word| word.parse().ok()).collect();
+    match <[f64; N]>::try_from(numbers) {
+        Ok(numbers) if output.status.success() => Ok(numbers),
+        _ => Err(Error::Engine(format!(
+            "`keel {}` failed ({}): {}",
+            args.join(" "),
+            output.status,
+            String::from_utf8_lossy(&output.stderr).trim()
+        ))),
+    }
 }
 
 /// The arguments that make the `keel` binary start a pool from a directory
@@ -285,7 +310,7 @@ pub fn start_pool(
 /// the same call on a bare engine with fuel and epoch interruption off, so
 /// that what metering costs shows apart from the rest of the path.
 pub fn tool_work(options: &BenchOptions) -> Result<Vec<Figure>> {
-    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let workspace = tempdir()?;
     let size = options.scale(10 << 20, 1 << 20);
     let bytes: Vec<u8> = (0..size).map(|i| (i % 251) as u8).collect();
     let path = workspace.path().join("data.bin");
@@ -337,8 +362,7 @@ pub fn budgets(options: &BenchOptions) -> Result<Figure> {
     let rt = runtime(1);
     let (mut keel, mut plain) = (Vec::new(), Vec::new());
     for _ in 0..rounds {
-        let session =
-            tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+        let session = tempdir()?;
         let budget = Budget::new(&BudgetConfig::default(), session.path());
         let mut results: Vec<ToolResult> =
             (0..10).map(|i| ToolResult::ok(format!("toolu_{i}"), content.clone())).collect();
@@ -347,7 +371,7 @@ pub fn budgets(options: &BenchOptions) -> Result<Figure> {
         rt.block_on(budget.per_message(&mut results, &thresholds, &mut Ledger::new()));
         keel.push(started.elapsed().as_secs_f64() * 1e3);
 
-        let dir = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+        let dir = tempdir()?;
         let started = Instant::now();
         for i in 0..10 {
             let path = dir.path().join(format!("{i}.txt"));
@@ -358,9 +382,160 @@ pub fn budgets(options: &BenchOptions) -> Result<Figure> {
     Ok(Figure::new("budget_per_message_10x1mb (keel / plain write)", median(keel), median(plain), "ms"))
 }
 
+/// Figure 9: the sha256 of 1 MiB the guest makes itself (`hash` of a
+/// 1 KiB text repeated 1,024 times, one whole call) against the same Rust
+/// code run natively: what the guest's compiled code costs, with no file
+/// read between.
+pub fn guest_compute(options: &BenchOptions) -> Result<Figure> {
+    let workspace = tempdir()?;
+    let rt = runtime(1);
+    let host = rt.block_on(echo_host(options, workspace.path()))?;
+    let text: String = (0..1024).map(|i| char::from(b'a' + (i % 26) as u8)).collect();
+    let repeat = 1024;
+    let call = [ToolUse::new("toolu_1", "hash", json!({ "text": text, "repeat": repeat }))];
+    let expected = {
+        let mut hasher = Sha256::new();
+        (0..repeat).for_each(|_| hasher.update(text.as_bytes()));
+        hex(&hasher.finalize())
+    };
+    let rounds = options.scale(21, 3);
+    let (mut keel, mut native) = (Vec::new(), Vec::new());
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let outcome = rt.block_on(host.run_batch(&call));
+        keel.push(started.elapsed().as_secs_f64() * 1e3);
+        let result = &outcome.results[0];
+        if result.is_error || result.content.as_text() != Some(expected.as_str()) {
+            return Err(Error::Engine(format!("hash gave {}, not {expected}", result.content)));
+        }
+        let started = Instant::now();
+        let mut hasher = Sha256::new();
+        (0..repeat).for_each(|_| hasher.update(std::hint::black_box(text.as_bytes())));
+        std::hint::black_box(hasher.finalize());
+        native.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(Figure::new("guest_compute_sha256_1mib (keel call / native)", median(keel), median(native), "ms")
+        .at_most(1.3))
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|byte| format!("{byte:02x}")).collect()
+}
+
+/// Figure 10: a plugin's first call after a warm start against its later
+/// calls; and the warm-up that makes the first call cheap, which runs in the
+/// background once the pool is ready, against the start itself. Each start
+/// is a fresh `keel` process ([`FIRST_CALL_ARGS`], timed by
+/// [`first_call_in_process`]) of 50 plugins whose compiled code and answers
+/// are in the compile cache.
+pub fn first_call(options: &BenchOptions) -> Result<[Figure; 2]> {
+    let plugins = fifty_plugins(options)?;
+    let copied = Instant::now();
+    let cache = tempdir()?;
+    // The first start fills the cache.
+    child_figures::<3>(options, &FIRST_CALL_ARGS, plugins.path(), cache.path())?;
+    std::thread::sleep(CACHE_RACY_WINDOW.saturating_sub(copied.elapsed()));
+    let (mut first, mut later, mut warm_up, mut start) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..options.scale(11, 3) {
+        let [once, then, warming] =
+            child_figures::<3>(options, &FIRST_CALL_ARGS, plugins.path(), cache.path())?;
+        first.push(once);
+        later.push(then);
+        warm_up.push(warming);
+        let [ms] = child_figures::<1>(options, &START_POOL_ARGS, plugins.path(), cache.path())?;
+        start.push(ms);
+    }
+    Ok([
+        Figure::new(
+            "first_call_after_warm_start (first call / later call)",
+            median(first),
+            median(later),
+            "µs",
+        )
+        .at_most(2.0),
+        Figure::new(
+            "first_call_warm_up_50_plugins (in the background once ready / the start)",
+            median(warm_up),
+            median(start),
+            "ms",
+        ),
+    ])
+}
+
+/// The arguments that make the `keel` binary start a pool from a directory
+/// of plugins and a compile cache (two more arguments), time the first call
+/// of `echo` and its later calls, print both in µs, and exit: one start of
+/// figure 10.
+pub const FIRST_CALL_ARGS: [&str; 2] = ["bench", "--first-call"];
+
+/// Start a pool as [`start_pool`] does and warm it up as `keel serve` does
+/// once it is ready ([`Host::warm_up`]), then give the µs of the first call
+/// of `echo`, the median of the 20 calls after it, and the ms the warm-up
+/// took.
+pub fn first_call_in_process(plugins: &Path, cache: &Path, started: Instant) -> Result<[f64; 3]> {
+    let (_, host, runtime) = start_pool(plugins, cache, started)?;
+    let warming = Instant::now();
+    runtime.block_on(host.warm_up());
+    let warm_up = warming.elapsed().as_secs_f64() * 1e3;
+    let mut times = Vec::new();
+    for id in 0..21 {
+        let call = [echo_use(id)];
+        let started = Instant::now();
+        let outcome = runtime.block_on(host.run_batch(&call));
+        times.push(started.elapsed().as_secs_f64() * 1e6);
+        if outcome.results[0].is_error {
+            return Err(Error::Engine(format!("echo failed: {}", outcome.results[0].content)));
+        }
+    }
+    let first = times.remove(0);
+    Ok([first, median(times), warm_up])
+}
+
+/// Figure 11: a 2 MiB image result through the result budgets and into the
+/// message (checked, held to the per-tool and per-message budgets, and
+/// serialized as the `tool_result` a model reads, base64 and all) against
+/// copying its bytes.
+pub fn rich_result(options: &BenchOptions) -> Result<Figure> {
+    let data = png_of(2 << 20);
+    let rt = runtime(1);
+    let (mut keel, mut copy) = (Vec::new(), Vec::new());
+    for _ in 0..options.scale(21, 3) {
+        let session = tempdir()?;
+        let budget = Budget::new(&BudgetConfig::default(), session.path());
+        let started = Instant::now();
+        let image = keel_host::Image::new("image/png", data.as_slice());
+        image.check().map_err(|reason| Error::Engine(format!("the benchmark's image {reason}")))?;
+        let content = keel_host::Content::from_blocks(vec![keel_host::ContentBlock::Image(image)]);
+        let result = ToolResult::ok("toolu_1", content);
+        let threshold = Threshold::default();
+        let mut results = [rt.block_on(budget.per_tool(result, threshold))];
+        rt.block_on(budget.per_message(&mut results, &[threshold], &mut Ledger::new()));
+        let message = serde_json::to_vec(&results[0]).expect("a result serializes");
+        keel.push(started.elapsed().as_secs_f64() * 1e3);
+        if message.len() < data.len() {
+            return Err(Error::Engine("the image did not reach the message".into()));
+        }
+        let started = Instant::now();
+        std::hint::black_box(std::hint::black_box(&data).clone());
+        copy.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(Figure::new("rich_result_image_2mib (budget + message / copy)", median(keel), median(copy), "ms"))
+}
+
+/// A PNG of `size` bytes: a real header for a 1,024 × 1,024 image, then
+/// filler, which is all a header check reads.
+fn png_of(size: usize) -> Vec<u8> {
+    let mut png = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+    png.extend_from_slice(&1024u32.to_be_bytes());
+    png.extend_from_slice(&1024u32.to_be_bytes());
+    png.extend_from_slice(&[8, 6, 0, 0, 0, 0, 0, 0, 0]);
+    png.resize(size, 0x5a);
+    png
+}
+
 /// Figure 7: resident memory after 1,000 and after 10,000 calls.
 pub fn memory(options: &BenchOptions) -> Result<Figure> {
-    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let workspace = tempdir()?;
     let rt = runtime(cores());
     let host = rt.block_on(echo_host(options, workspace.path()))?;
     let (first, total) = (options.scale(1_000, 200), options.scale(10_000, 2_000));
@@ -390,17 +565,30 @@ pub const FIGURES: &[&str] = &[
     "throughput",
     "batch_speedup",
     "startup_50_plugins",
+    "first_call",
     "tool_work_hash_10mb",
+    "guest_compute_sha256_1mib",
     "budget_per_message_10x1mb",
+    "rich_result_image_2mib",
     "memory_rss",
-    "mcp_round_trip_p50",
-    "mcp_server_cpu_per_call",
+    "network",
+    "mcp_stdio",
+    "mcp_http",
 ];
 
 /// Every figure whose name starts with `only` (all when `None`), in order,
 /// each as it is measured.
 pub fn all(options: &BenchOptions, only: Option<&str>, mut report: impl FnMut(Figure)) -> Result<()> {
-    let wanted = |name: &str| only.is_none_or(|prefix| name.starts_with(prefix));
+    // A group is measured when its name and `only` agree as far as the
+    // shorter goes; of its figures, those whose name starts with `only`
+    // are reported.
+    let wanted =
+        |group: &str| only.is_none_or(|prefix| group.starts_with(prefix) || prefix.starts_with(group));
+    let mut report = |figure: Figure| {
+        if only.is_none_or(|prefix| figure.name.starts_with(prefix)) {
+            report(figure);
+        }
+    };
     let start = Instant::now();
     if wanted("per_call_overhead") {
         report(per_call(options)?);
@@ -415,23 +603,32 @@ pub fn all(options: &BenchOptions, only: Option<&str>, mut report: impl FnMut(Fi
     if wanted("startup_50_plugins") {
         report(startup(options)?);
     }
+    if wanted("first_call") {
+        first_call(options)?.into_iter().for_each(&mut report);
+    }
     if wanted("tool_work_hash_10mb") {
         tool_work(options)?.into_iter().for_each(&mut report);
+    }
+    if wanted("guest_compute_sha256_1mib") {
+        report(guest_compute(options)?);
     }
     if wanted("budget_per_message_10x1mb") {
         report(budgets(options)?);
     }
+    if wanted("rich_result_image_2mib") {
+        report(rich_result(options)?);
+    }
     if wanted("memory_rss") {
         report(memory(options)?);
     }
-    if wanted("mcp_round_trip_p50") || wanted("mcp_server_cpu_per_call") {
-        let [latency, cpu] = mcp::round_trip(options)?;
-        if wanted("mcp_round_trip_p50") {
-            report(latency);
-        }
-        if wanted("mcp_server_cpu_per_call") {
-            report(cpu);
-        }
+    if wanted("network") {
+        network::figures(options)?.into_iter().for_each(&mut report);
+    }
+    if wanted("mcp_stdio") {
+        mcp::figures(options, &mut report)?;
+    }
+    if wanted("mcp_http") {
+        http::figures(options, &mut report)?;
     }
     tracing::debug!("benchmarks took {:?}", start.elapsed());
     Ok(())

@@ -34,7 +34,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 use crate::limits::{LimitKind, Limits, human_bytes};
-use crate::load::network::{Host, NetworkGrant, Scheme, Target};
+use crate::load::network::{Host, NetworkGrant, Rule, Scheme, Target};
 use crate::tool::{NetworkRefusal, RefusalSink};
 
 /// The methods a guest may use. `CONNECT` would open a tunnel past every
@@ -129,11 +129,7 @@ impl Egress {
         if let Some(reason) = self.closed {
             return Err(reason.to_owned());
         }
-        if !METHODS.contains(request.method()) {
-            return Err(format!("the {} method is not allowed", request.method()));
-        }
-        let target = target_of(request)?;
-        let rule = self.grant.allows(&target)?;
+        let (target, rule) = check(&self.grant, request)?;
         tracing::trace!(plugin = &*self.plugin, %rule, "network request admitted");
         let used = self.usage.requests.fetch_add(1, Ordering::Relaxed);
         if used >= self.limits.network_requests {
@@ -166,8 +162,22 @@ fn report(plugin: &str, sink: Option<&RefusalSink>, method: &Method, url: &str, 
     }
 }
 
+/// The policy's judgement of `request` before any name is resolved: its
+/// method, its target, and the grant's rule that allows it; else why not.
+pub(crate) fn check<'a, B>(
+    grant: &'a NetworkGrant,
+    request: &Request<B>,
+) -> Result<(Target, &'a Rule), String> {
+    if !METHODS.contains(request.method()) {
+        return Err(format!("the {} method is not allowed", request.method()));
+    }
+    let target = target_of(request)?;
+    let rule = grant.allows(&target)?;
+    Ok((target, rule))
+}
+
 /// The target of a request, from its URL, checked against its Host header.
-fn target_of(request: &Request<WasiBody>) -> Result<Target, String> {
+fn target_of<B>(request: &Request<B>) -> Result<Target, String> {
     let uri = request.uri();
     let scheme = match uri.scheme_str().and_then(Scheme::parse) {
         Some(scheme) => scheme,

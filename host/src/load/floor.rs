@@ -77,3 +77,16 @@ impl Floor {
         Ok(text.unwrap_or_default())
     }
 }
+
+/// The network policy's whole judgement of one request to `addr` under
+/// `grant`, as every guest request meets it before anything is sent: its
+/// method, its URL and Host header against the grant's rules, and the
+/// address its name resolved to. What the policy alone costs per request.
+pub fn network_check<B>(
+    grant: &crate::load::network::NetworkGrant,
+    request: &http::Request<B>,
+    addr: std::net::IpAddr,
+) -> std::result::Result<(), String> {
+    let (target, _rule) = super::egress::check(grant, request)?;
+    grant.allows_address(&target, addr)
+}

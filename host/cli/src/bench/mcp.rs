@@ -1,10 +1,13 @@
-//! Figure 8: the MCP round trip. `keel serve` runs as a child process and an
-//! rmcp client drives it over stdio, one `tools/call` of `echo` at a time;
-//! the baseline is the same client driving the smallest rmcp stdio server
-//! with a native echo tool ([`serve_native_echo`]), spawned from the same
-//! binary. Both report the round trip's median and the server's CPU time
-//! per call, read from `/proc/<pid>/stat`.
+//! Figures 8 and 13: MCP on stdio. `keel serve` runs as a child process and
+//! an rmcp client drives it, one `tools/call` of `echo` at a time, then
+//! 1,000 at once; the baseline is the same client driving the smallest rmcp
+//! stdio server with a native echo tool ([`serve_native_echo`]), spawned
+//! from the same binary. Both report the round trip's median and the
+//! server's CPU time per call, read from `/proc/<pid>/stat`.
+//!
+//! [`compare`] puts any stdio MCP server in the native server's place.
 
+use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Instant;
@@ -45,7 +48,8 @@ pub fn serve_native_echo() -> std::io::Result<()> {
 }
 
 /// One tool, `echo`, that returns its `text`.
-struct NativeEcho;
+#[derive(Clone, Copy)]
+pub(super) struct NativeEcho;
 
 impl ServerHandler for NativeEcho {
     fn get_info(&self) -> ServerConfig {
@@ -83,9 +87,68 @@ impl ServerHandler for NativeEcho {
 }
 
 /// Figure 8: the `tools/call` round trip's median and the server's CPU time
-/// per call, `keel serve` against the native echo server.
-pub(super) fn round_trip(options: &BenchOptions) -> Result<[Figure; 2]> {
+/// per call, `keel serve` against the native echo server; then figure 13,
+/// the burst: 1,000 calls at once on one session of each.
+pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) -> Result<()> {
     let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .map_err(|error| Error::io("start a runtime for", &options.keel, error))?;
+    rt.block_on(async {
+        let mut serve = tokio::process::Command::new(&options.keel);
+        serve.arg("serve").arg("--plugins").arg(&options.tools).arg("--workspace").arg(workspace.path());
+        let keel = Server::spawn(serve, workspace.path(), &options.keel).await?;
+        let mut echo = tokio::process::Command::new(&options.keel);
+        echo.args(NATIVE_ECHO_ARGS);
+        let native = Server::spawn(echo, workspace.path(), &options.keel).await?;
+        let [latency, cpu] = round_trip(options, &keel, &native, "echo", &echo_arguments()).await?;
+        let name = "(keel serve / native rmcp echo)";
+        report(
+            Figure::new(&format!("mcp_stdio_round_trip_p50 {name}"), latency[0], latency[1], "µs")
+                .at_most(1.5),
+        );
+        report(
+            Figure::new(&format!("mcp_stdio_server_cpu_per_call {name}"), cpu[0], cpu[1], "µs").at_most(2.0),
+        );
+        let calls = options.scale(1_000, 200);
+        let (keel_ms, keel_lost) = keel.burst(calls).await;
+        let (native_ms, native_lost) = native.burst(calls).await;
+        report(Figure::new(
+            &format!("mcp_stdio_burst_{calls} (all answered, ms) {name}"),
+            keel_ms,
+            native_ms,
+            "ms",
+        ));
+        report(
+            Figure::new(
+                &format!("mcp_stdio_burst_{calls}_lost {name}"),
+                keel_lost as f64,
+                native_lost as f64,
+                "calls",
+            )
+            .keel_at_most(0.0),
+        );
+        keel.close().await;
+        native.close().await;
+        Ok(())
+    })
+}
+
+fn echo_arguments() -> JsonObject {
+    JsonObject::from_iter([("text".to_string(), Value::from(TEXT))])
+}
+
+/// The round trip's median and the server's CPU time per call of `tool`
+/// with `arguments`, `[keel, other]`: the two servers called in turn, round
+/// by round, on one client each.
+async fn round_trip(
+    options: &BenchOptions,
+    keel: &Server,
+    other: &Server,
+    tool: &str,
+    arguments: &JsonObject,
+) -> Result<[[f64; 2]; 2]> {
     let ticks_per_second = clock_ticks_per_second()? as f64;
     let (warm_up, rounds, per_round) =
         (options.scale(200, 50), options.scale(5, 1), options.scale(1_000, 400));
@@ -93,48 +156,80 @@ pub(super) fn round_trip(options: &BenchOptions) -> Result<[Figure; 2]> {
     // up to ten times the planned ones, until each server's CPU time spans
     // enough ticks that a tick more or less matters little.
     let (min_ticks, max_rounds) = (options.scale(20, 2) as u64, 10 * rounds);
+    for _ in 0..warm_up {
+        keel.call().await?;
+        other.call_tool(tool, arguments).await?;
+    }
+    let (mut keel_sample, mut other_sample) = (Sample::default(), Sample::default());
+    for round in 0..max_rounds {
+        let enough = keel_sample.cpu_ticks.min(other_sample.cpu_ticks) >= min_ticks;
+        if round >= rounds && enough {
+            break;
+        }
+        other.measure(per_round, &mut other_sample, || other.call_tool(tool, arguments)).await?;
+        keel.measure(per_round, &mut keel_sample, || keel.call()).await?;
+    }
+    Ok([
+        [median(keel_sample.latencies.clone()), median(other_sample.latencies.clone())],
+        [keel_sample.cpu_per_call(ticks_per_second), other_sample.cpu_per_call(ticks_per_second)],
+    ])
+}
+
+/// `keel bench --mcp-server`: keel beside the stdio MCP server `command`
+/// (run by `sh -c`), on the same client and the same columns: the round
+/// trip p50 and server CPU per call (keel's `echo` against `tool` called
+/// with `arguments`), 200 calls at once, and the first call after the
+/// handshake.
+pub fn compare(
+    options: &BenchOptions,
+    command: &str,
+    tool: &str,
+    arguments: &JsonObject,
+    mut report: impl FnMut(Figure),
+) -> Result<()> {
+    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
         .map_err(|error| Error::io("start a runtime for", &options.keel, error))?;
-    let (keel, native) = rt.block_on(async {
+    let shell = Path::new("/bin/sh");
+    rt.block_on(async {
         let mut serve = tokio::process::Command::new(&options.keel);
         serve.arg("serve").arg("--plugins").arg(&options.tools).arg("--workspace").arg(workspace.path());
         let keel = Server::spawn(serve, workspace.path(), &options.keel).await?;
-        let mut echo = tokio::process::Command::new(&options.keel);
-        echo.args(NATIVE_ECHO_ARGS);
-        let native = Server::spawn(echo, workspace.path(), &options.keel).await?;
-        for _ in 0..warm_up {
-            keel.call().await?;
-            native.call().await?;
-        }
-        let (mut keel_sample, mut native_sample) = (Sample::default(), Sample::default());
-        for round in 0..max_rounds {
-            let enough = keel_sample.cpu_ticks.min(native_sample.cpu_ticks) >= min_ticks;
-            if round >= rounds && enough {
-                break;
-            }
-            native.measure(per_round, &mut native_sample).await?;
-            keel.measure(per_round, &mut keel_sample).await?;
-        }
+        let started = Instant::now();
+        keel.call().await?;
+        let keel_first = started.elapsed().as_secs_f64() * 1e3;
+        let mut theirs = tokio::process::Command::new(shell);
+        theirs.arg("-c").arg(format!("exec {command}"));
+        let other = Server::spawn(theirs, workspace.path(), shell).await?;
+        let started = Instant::now();
+        other.call_tool(tool, arguments).await?;
+        let other_first = started.elapsed().as_secs_f64() * 1e3;
+        let name = format!("(keel serve echo / {command}: {tool})");
+        let [latency, cpu] = round_trip(options, &keel, &other, tool, arguments).await?;
+        report(Figure::new(&format!("mcp_stdio_round_trip_p50 {name}"), latency[0], latency[1], "µs"));
+        report(Figure::new(&format!("mcp_stdio_server_cpu_per_call {name}"), cpu[0], cpu[1], "µs"));
+        let calls = 200;
+        let (keel_ms, keel_lost) = keel.burst(calls).await;
+        let (other_ms, other_lost) = other.burst_of(calls, tool, arguments).await;
+        report(Figure::new(
+            &format!("mcp_stdio_burst_{calls} (all answered, ms) {name}"),
+            keel_ms,
+            other_ms,
+            "ms",
+        ));
+        report(Figure::new(
+            &format!("mcp_stdio_burst_{calls}_lost {name}"),
+            keel_lost as f64,
+            other_lost as f64,
+            "calls",
+        ));
+        report(Figure::new(&format!("mcp_stdio_first_call {name}"), keel_first, other_first, "ms"));
         keel.close().await;
-        native.close().await;
-        Ok::<_, Error>((keel_sample, native_sample))
-    })?;
-    let name = "(keel serve / native rmcp echo)";
-    let cpu = Figure::new(
-        &format!("mcp_server_cpu_per_call {name}"),
-        keel.cpu_per_call(ticks_per_second),
-        native.cpu_per_call(ticks_per_second),
-        "µs",
-    );
-    let latency = Figure::new(
-        &format!("mcp_round_trip_p50 {name}"),
-        median(keel.latencies),
-        median(native.latencies),
-        "µs",
-    );
-    Ok([latency.keel_at_most(100.0), cpu.keel_at_most(50.0)])
+        other.close().await;
+        Ok(())
+    })
 }
 
 /// What one server's measured calls took.
@@ -170,33 +265,90 @@ impl Server {
 
     /// One `echo` call; fails unless it echoes.
     async fn call(&self) -> Result<()> {
-        let arguments = JsonObject::from_iter([("text".to_string(), Value::from(TEXT))]);
+        self.echo(TEXT).await
+    }
+
+    /// One `echo` call of `text`; fails unless it echoes `text`.
+    async fn echo(&self, text: &str) -> Result<()> {
+        let arguments = JsonObject::from_iter([("text".to_string(), Value::from(text))]);
         let result = self
             .client
             .call_tool(CallToolRequestParams::new("echo").with_arguments(arguments))
             .await
             .map_err(|error| failed(Path::new("echo"), error))?;
         let echoed = match result.content.as_slice() {
-            [block] => block.as_text().map(|text| text.text.as_str()),
+            [block] => block.as_text().map(|echoed| echoed.text.as_str()),
             _ => None,
         };
-        if result.is_error == Some(true) || echoed != Some(TEXT) {
+        if result.is_error == Some(true) || echoed != Some(text) {
             return Err(failed(Path::new("echo"), format!("unexpected result {result:?}")));
         }
         Ok(())
     }
 
-    /// `calls` calls one after another, each timed, and the server's CPU
-    /// time over all of them.
-    async fn measure(&self, calls: usize, sample: &mut Sample) -> Result<()> {
-        let before = cpu_ticks(self.pid)?;
+    /// `calls` echoes at once on this one session, each of its own text:
+    /// the milliseconds until the last reply, and how many got no right
+    /// reply within 60 s.
+    async fn burst(&self, calls: usize) -> (f64, usize) {
+        let started = Instant::now();
+        let replies = futures::future::join_all((0..calls).map(|i| async move {
+            let text = format!("burst-{i}");
+            tokio::time::timeout(std::time::Duration::from_secs(60), self.echo(&text)).await
+        }))
+        .await;
+        let lost = replies
+            .iter()
+            .filter(|reply| match reply {
+                Ok(Ok(())) => false,
+                Ok(Err(error)) => {
+                    tracing::warn!("a burst call failed: {error}");
+                    true
+                }
+                Err(_) => true,
+            })
+            .count();
+        (started.elapsed().as_secs_f64() * 1e3, lost)
+    }
+
+    /// `calls` calls of `call` one after another, each timed, and the
+    /// server's CPU time over all of them (its child processes' too).
+    async fn measure<F: Future<Output = Result<()>>>(
+        &self,
+        calls: usize,
+        sample: &mut Sample,
+        call: impl Fn() -> F,
+    ) -> Result<()> {
+        let before = tree_cpu_ticks(self.pid)?;
         for _ in 0..calls {
             let started = Instant::now();
-            self.call().await?;
+            call().await?;
             sample.latencies.push(started.elapsed().as_secs_f64() * 1e6);
         }
-        sample.cpu_ticks += cpu_ticks(self.pid)? - before;
+        sample.cpu_ticks += tree_cpu_ticks(self.pid)?.saturating_sub(before);
         Ok(())
+    }
+
+    /// One call of `tool` with `arguments`; fails if the call fails or its
+    /// result is an error.
+    async fn call_tool(&self, tool: &str, arguments: &JsonObject) -> Result<()> {
+        let request = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.clone());
+        let result = self.client.call_tool(request).await.map_err(|error| failed(Path::new(tool), error))?;
+        if result.is_error == Some(true) {
+            return Err(failed(Path::new(tool), format!("an error result {:?}", result.content)));
+        }
+        Ok(())
+    }
+
+    /// [`Server::burst`] of `tool` with `arguments`, whose results cannot
+    /// be told apart: a reply is lost when it is missing or an error.
+    async fn burst_of(&self, calls: usize, tool: &str, arguments: &JsonObject) -> (f64, usize) {
+        let started = Instant::now();
+        let replies = futures::future::join_all((0..calls).map(|_| async move {
+            tokio::time::timeout(std::time::Duration::from_secs(60), self.call_tool(tool, arguments)).await
+        }))
+        .await;
+        let lost = replies.iter().filter(|reply| !matches!(reply, Ok(Ok(())))).count();
+        (started.elapsed().as_secs_f64() * 1e3, lost)
     }
 
     /// Close stdin and wait for the server to exit.
@@ -209,6 +361,35 @@ impl Server {
 
 fn failed(what: &Path, error: impl std::fmt::Display) -> Error {
     Error::io("run", what, std::io::Error::other(format!("MCP: {error}")))
+}
+
+/// [`cpu_ticks`] of process `pid` and of every process under it: a server
+/// started through a launcher (`npx`, `uv run`) does its work in a child.
+fn tree_cpu_ticks(pid: u32) -> Result<u64> {
+    let mut parents = Vec::new();
+    if let Ok(entries) = std::fs::read_dir("/proc") {
+        for entry in entries.flatten() {
+            let Some(child) = entry.file_name().to_str().and_then(|name| name.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(entry.path().join("stat")) else { continue };
+            let after_name = stat.rfind(')').map_or("", |end| &stat[end + 1..]);
+            if let Some(parent) =
+                after_name.split_whitespace().nth(1).and_then(|field| field.parse::<u32>().ok())
+            {
+                parents.push((child, parent));
+            }
+        }
+    }
+    let mut tree = vec![pid];
+    let mut at = 0;
+    while at < tree.len() {
+        let parent = tree[at];
+        tree.extend(parents.iter().filter(|&&(_, of)| of == parent).map(|&(child, _)| child));
+        at += 1;
+    }
+    // A process that ended meanwhile has no more CPU time to count.
+    Ok(tree.iter().skip(1).filter_map(|&pid| cpu_ticks(pid).ok()).sum::<u64>() + cpu_ticks(pid)?)
 }
 
 /// User plus system CPU time of process `pid`, all its threads, in clock

@@ -24,15 +24,34 @@ pub struct BenchArgs {
     /// Only the figures whose name starts with this, such as `throughput`.
     #[arg(long, value_name = "NAME")]
     only: Option<String>,
+    /// Compare keel with this stdio MCP server instead, run by `sh -c`
+    /// (such as 'npx -y @modelcontextprotocol/server-everything'): the MCP
+    /// figures of both, on the same client.
+    #[arg(long, value_name = "COMMAND", requires = "tool")]
+    mcp_server: Option<String>,
+    /// The tool of `--mcp-server` to call.
+    #[arg(long, value_name = "NAME", requires = "mcp_server")]
+    tool: Option<String>,
+    /// The arguments of each call of `--tool`, a JSON object.
+    #[arg(long, value_name = "JSON", default_value = "{}", requires = "mcp_server")]
+    arguments: String,
     /// Serve the baseline of the MCP figures on stdio instead: a native echo
     /// tool behind rmcp (`bench::mcp::NATIVE_ECHO_ARGS` spawns it).
     #[arg(long, hide = true)]
     serve_native_echo: bool,
+    /// The same over streamable HTTP on a loopback port
+    /// (`bench::http::NATIVE_ECHO_HTTP_ARGS`).
+    #[arg(long, hide = true)]
+    serve_native_echo_http: bool,
     /// Start a pool of the plugins in PLUGINS with the compile cache in
     /// CACHE, print the milliseconds since the process started, and exit:
     /// one start of the start-up figure (`bench::START_POOL_ARGS`).
     #[arg(long, hide = true, num_args = 2, value_names = ["PLUGINS", "CACHE"])]
     start_pool: Option<Vec<PathBuf>>,
+    /// The same start, then time the first call of `echo` and the later
+    /// ones (`bench::FIRST_CALL_ARGS`).
+    #[arg(long, hide = true, num_args = 2, value_names = ["PLUGINS", "CACHE"])]
+    first_call: Option<Vec<PathBuf>>,
 }
 
 /// Measure every figure and print it as it is measured. `started` is when
@@ -40,6 +59,14 @@ pub struct BenchArgs {
 pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
     if args.serve_native_echo {
         return Ok(bench::mcp::serve_native_echo()?);
+    }
+    if args.serve_native_echo_http {
+        return Ok(bench::http::serve_native_echo_http()?);
+    }
+    if let Some([plugins, cache]) = args.first_call.as_deref() {
+        let [first, later, warm_up] = bench::first_call_in_process(plugins, cache, started)?;
+        println!("{first} {later} {warm_up}");
+        std::process::exit(0);
     }
     if let Some([plugins, cache]) = args.start_pool.as_deref() {
         let (ms, _host, _runtime) = bench::start_pool(plugins, cache, started)?;
@@ -56,8 +83,15 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
     };
     let keel = std::env::current_exe().context("failed to find the keel binary")?;
     let options = BenchOptions { quick: args.quick, tools, keel };
+    let compare = match (&args.mcp_server, &args.tool) {
+        (Some(command), Some(tool)) => match serde_json::from_str(&args.arguments) {
+            Ok(serde_json::Value::Object(arguments)) => Some((command, tool, arguments)),
+            _ => anyhow::bail!("--arguments must be a JSON object, not {}", args.arguments),
+        },
+        _ => None,
+    };
     if let Some(only) = &args.only
-        && !bench::FIGURES.iter().any(|name| name.starts_with(only.as_str()))
+        && !bench::FIGURES.iter().any(|name| name.starts_with(only.as_str()) || only.starts_with(name))
     {
         anyhow::bail!("no figure is named {only}; the figures: {}", bench::FIGURES.join(", "));
     }
@@ -65,7 +99,7 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
         println!("{:<58} {:>12} {:>12}  {:<8} {:>7}  target", "figure", "keel", "baseline", "unit", "ratio");
     }
     let mut stdout = std::io::stdout();
-    bench::all(&options, args.only.as_deref(), |figure| {
+    let print = |figure: Figure| {
         let line = if args.json {
             serde_json::to_string(&figure).expect("figures serialize")
         } else {
@@ -73,7 +107,11 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
         };
         let _ = writeln!(stdout, "{line}");
         let _ = stdout.flush();
-    })?;
+    };
+    match compare {
+        Some((command, tool, arguments)) => bench::mcp::compare(&options, command, tool, &arguments, print)?,
+        None => bench::all(&options, args.only.as_deref(), print)?,
+    }
     Ok(())
 }
 

@@ -150,6 +150,9 @@ pub struct Live {
 
 impl Live {
     fn new(host: Host, context: serde_json::Value) -> Self {
+        // Off the path of any call: the first call of a plugin then costs
+        // about what a later one does.
+        tokio::spawn(host.warm_up());
         let tools = mcp_tools(&host).into();
         let stream = host.stream(context);
         Live { stream, tools, _host: host }

@@ -1,0 +1,439 @@
+//! The MCP figures over streamable HTTP: `keel serve --http` as a child
+//! process against the smallest rmcp server with a native echo tool on the
+//! same transport ([`serve_native_echo_http`]), spawned from the same binary.
+//!
+//! The client is a plain HTTP one (hyper), speaking the stateless
+//! 2026-07-28 protocol: every request carries what it needs, so any
+//! replica answers it and no session is kept. Each client holds one
+//! HTTP/1.1 connection; the burst shares one HTTP/2 connection, as a proxy
+//! in front of a server would. Every reply is checked for its own request's
+//! payload.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::Request;
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
+use rmcp::transport::streamable_http_server::{StreamableHttpServerConfig, StreamableHttpService};
+use serde_json::{Value, json};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+
+use super::mcp::NativeEcho;
+use super::{BenchOptions, Figure, median};
+use keel_host::{Error, Result};
+
+/// The arguments that make the `keel` binary serve the native echo over
+/// streamable HTTP on a loopback port, printing the address it bound on
+/// stderr as `keel serve --http` does: the baseline of the HTTP figures.
+pub const NATIVE_ECHO_HTTP_ARGS: [&str; 2] = ["bench", "--serve-native-echo-http"];
+
+/// What `keel serve --http` and the native server print once they listen.
+const SERVING: &str = "serving MCP on http://";
+
+/// Serve the native echo on streamable HTTP, on the same rmcp service and
+/// connection builder `keel serve --http` uses, until killed.
+pub fn serve_native_echo_http() -> std::io::Result<()> {
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async {
+        let config = StreamableHttpServerConfig::default();
+        let service =
+            StreamableHttpService::new(|| Ok(NativeEcho), Arc::new(LocalSessionManager::default()), config);
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        eprintln!("keel: {SERVING}{}/mcp", listener.local_addr()?);
+        loop {
+            let (stream, _) = listener.accept().await?;
+            // As `keel serve --http` sets it: see there.
+            stream.set_nodelay(true)?;
+            let service = service.clone();
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                    let mut service = service.clone();
+                    async move { Ok::<_, Infallible>(tower_service::Service::call(&mut service, request).await?) }
+                });
+                let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                let _ = builder.serve_connection(TokioIo::new(stream), service).await;
+            });
+        }
+    })
+}
+
+/// A server process listening on a loopback port, killed when dropped.
+struct Server {
+    child: tokio::process::Child,
+    addr: SocketAddr,
+}
+
+impl Server {
+    /// Start `command` and wait (at most 60 s) for the address it serves on.
+    async fn spawn(mut command: tokio::process::Command, what: &Path) -> Result<Self> {
+        command.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::piped()).kill_on_drop(true);
+        let mut child = command.spawn().map_err(|error| Error::io("spawn", what, error))?;
+        let stderr = child.stderr.take().expect("stderr is piped");
+        let mut lines = BufReader::new(stderr).lines();
+        let addr = tokio::time::timeout(Duration::from_secs(60), async {
+            while let Ok(Some(line)) = lines.next_line().await {
+                if let Some(rest) = line.split_once(SERVING).map(|(_, rest)| rest)
+                    && let Some(addr) = rest.strip_suffix("/mcp").and_then(|addr| addr.parse().ok())
+                {
+                    return Some(addr);
+                }
+            }
+            None
+        })
+        .await
+        .ok()
+        .flatten()
+        .ok_or_else(|| failed(what, "the server did not say where it listens"))?;
+        // The rest of its log goes nowhere, but must be read.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        Ok(Server { child, addr })
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id().unwrap_or(0)
+    }
+}
+
+/// `keel serve --http` over `workspace` with the plugins in `plugins`.
+async fn keel_server(options: &BenchOptions, plugins: &Path, workspace: &Path) -> Result<Server> {
+    let mut command = tokio::process::Command::new(&options.keel);
+    command.arg("serve").arg("--plugins").arg(plugins).arg("--workspace").arg(workspace);
+    command.args(["--http", "127.0.0.1:0"]).current_dir(workspace);
+    Server::spawn(command, &options.keel).await
+}
+
+async fn native_server(options: &BenchOptions) -> Result<Server> {
+    let mut command = tokio::process::Command::new(&options.keel);
+    command.args(NATIVE_ECHO_HTTP_ARGS);
+    Server::spawn(command, &options.keel).await
+}
+
+/// One client's connection, HTTP/1.1 or HTTP/2.
+#[derive(Clone)]
+enum Connection {
+    /// One request at a time.
+    Http1(Arc<tokio::sync::Mutex<hyper::client::conn::http1::SendRequest<Full<Bytes>>>>),
+    /// Many at once.
+    Http2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+/// A client of one server: a connection and the calls it makes.
+#[derive(Clone)]
+struct Client {
+    addr: SocketAddr,
+    connection: Connection,
+}
+
+impl Client {
+    async fn connect(addr: SocketAddr, http2: bool) -> Result<Self> {
+        let what = Path::new("the HTTP benchmark's client");
+        let stream =
+            tokio::net::TcpStream::connect(addr).await.map_err(|error| Error::io("connect", what, error))?;
+        let _ = stream.set_nodelay(true);
+        let io = TokioIo::new(stream);
+        let connection = if http2 {
+            let (send, connection) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io)
+                .await
+                .map_err(|error| failed(what, error))?;
+            tokio::spawn(connection);
+            Connection::Http2(send)
+        } else {
+            let (send, connection) =
+                hyper::client::conn::http1::handshake(io).await.map_err(|error| failed(what, error))?;
+            tokio::spawn(connection);
+            Connection::Http1(Arc::new(tokio::sync::Mutex::new(send)))
+        };
+        Ok(Client { addr, connection })
+    }
+
+    /// One `tools/call` of `echo` with `text`; fails unless it echoes `text`.
+    async fn echo(&self, id: u64, text: &str) -> Result<()> {
+        let what = Path::new("echo over HTTP");
+        let body = json!({
+            "jsonrpc": "2.0", "id": id, "method": "tools/call",
+            "params": {
+                "name": "echo", "arguments": { "text": text },
+                "_meta": {
+                    "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                    "io.modelcontextprotocol/clientCapabilities": {},
+                    "io.modelcontextprotocol/clientInfo": { "name": "keel-bench", "version": "1" }
+                }
+            }
+        });
+        let request = Request::post("/mcp")
+            .header("host", self.addr.to_string())
+            .header("accept", "application/json, text/event-stream")
+            .header("content-type", "application/json")
+            .header("mcp-protocol-version", "2026-07-28")
+            .header("mcp-method", "tools/call")
+            .header("mcp-name", "echo")
+            .body(Full::new(Bytes::from(body.to_string())))
+            .expect("a valid request");
+        let response = match &self.connection {
+            Connection::Http1(send) => {
+                let mut send = send.lock().await;
+                send.ready().await.map_err(|error| failed(what, error))?;
+                send.send_request(request).await
+            }
+            Connection::Http2(send) => {
+                let mut send = send.clone();
+                send.ready().await.map_err(|error| failed(what, error))?;
+                send.send_request(request).await
+            }
+        };
+        check_echo(response, text).await
+    }
+}
+
+async fn check_echo(
+    response: std::result::Result<hyper::Response<hyper::body::Incoming>, hyper::Error>,
+    text: &str,
+) -> Result<()> {
+    let what = Path::new("echo over HTTP");
+    let response = response.map_err(|error| failed(what, error))?;
+    let status = response.status();
+    let body = response.into_body().collect().await.map_err(|error| failed(what, error))?.to_bytes();
+    let body = String::from_utf8_lossy(&body);
+    let message = message(&body);
+    let echoed = message.as_ref().and_then(|message| message["result"]["content"][0]["text"].as_str());
+    if !status.is_success() || echoed != Some(text) {
+        return Err(failed(what, format!("{status}, expected {text:?}: {body}")));
+    }
+    Ok(())
+}
+
+/// The JSON-RPC message of a reply: the body, or the last `data:` event.
+fn message(body: &str) -> Option<Value> {
+    if let Ok(value) = serde_json::from_str(body) {
+        return Some(value);
+    }
+    let data = body
+        .lines()
+        .filter_map(|line| line.strip_prefix("data:"))
+        .rfind(|data| data.trim().starts_with('{'))?;
+    serde_json::from_str(data.trim()).ok()
+}
+
+/// `calls` echoes, one after another, each timed in µs.
+async fn latencies(client: &Client, calls: usize) -> Result<Vec<f64>> {
+    let mut samples = Vec::with_capacity(calls);
+    for id in 0..calls {
+        let started = Instant::now();
+        client.echo(id as u64, "hello").await?;
+        samples.push(started.elapsed().as_secs_f64() * 1e6);
+    }
+    Ok(samples)
+}
+
+/// `clients` clients, each with its own connection to one of `addrs` in
+/// turn, making `calls` echoes in all: calls per second.
+async fn throughput(addrs: &[SocketAddr], clients: usize, calls: usize) -> Result<f64> {
+    let mut connected = Vec::new();
+    for i in 0..clients {
+        connected.push(Client::connect(addrs[i % addrs.len()], false).await?);
+    }
+    let per_client = calls.div_ceil(clients);
+    let started = Instant::now();
+    let tasks: Vec<_> = connected
+        .into_iter()
+        .enumerate()
+        .map(|(i, client)| {
+            tokio::spawn(async move {
+                for call in 0..per_client {
+                    let text = format!("c{i}-{call}");
+                    client.echo(call as u64, &text).await?;
+                }
+                Ok::<_, Error>(())
+            })
+        })
+        .collect();
+    for task in tasks {
+        task.await.map_err(|error| failed(Path::new("a client"), error))??;
+    }
+    Ok((per_client * clients) as f64 / started.elapsed().as_secs_f64())
+}
+
+/// 1,000 echoes at once on one HTTP/2 connection, each with its own text:
+/// the milliseconds until the last reply, and how many got no right reply
+/// within 60 s.
+async fn burst(addr: SocketAddr, calls: usize) -> Result<(f64, usize)> {
+    let client = Client::connect(addr, true).await?;
+    let started = Instant::now();
+    let tasks: Vec<_> = (0..calls)
+        .map(|i| {
+            let client = client.clone();
+            tokio::spawn(async move {
+                let text = format!("burst-{i}");
+                tokio::time::timeout(Duration::from_secs(60), client.echo(i as u64, &text)).await
+            })
+        })
+        .collect();
+    let mut lost = 0;
+    for task in tasks {
+        match task.await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(error))) => {
+                tracing::warn!("a burst call failed: {error}");
+                lost += 1;
+            }
+            _ => lost += 1,
+        }
+    }
+    Ok((started.elapsed().as_secs_f64() * 1e3, lost))
+}
+
+/// Percentile `p` (0–100) of `samples`.
+fn percentile(mut samples: Vec<f64>, p: f64) -> f64 {
+    samples.sort_by(f64::total_cmp);
+    let at = ((samples.len() as f64 - 1.0) * p / 100.0).round() as usize;
+    samples[at]
+}
+
+/// The HTTP figures: round trip p50 and p99, calls per second with 1, 10
+/// and 100 clients, two replicas against one, and the burst.
+pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) -> Result<()> {
+    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .map_err(|error| Error::io("start a runtime for", &options.keel, error))?;
+    let (warm_up, calls) = (options.scale(300, 50), options.scale(3_000, 300));
+    rt.block_on(async {
+        let keel = keel_server(options, &options.tools, workspace.path()).await?;
+        let native = native_server(options).await?;
+        let (keel_client, native_client) =
+            (Client::connect(keel.addr, false).await?, Client::connect(native.addr, false).await?);
+        latencies(&keel_client, warm_up).await?;
+        latencies(&native_client, warm_up).await?;
+        let (mut keel_samples, mut native_samples) = (Vec::new(), Vec::new());
+        for _ in 0..options.scale(5, 1) {
+            native_samples.extend(latencies(&native_client, calls / 5).await?);
+            keel_samples.extend(latencies(&keel_client, calls / 5).await?);
+        }
+        let name = "(keel serve --http / native rmcp echo)";
+        report(
+            Figure::new(
+                &format!("mcp_http_p50 {name}"),
+                median(keel_samples.clone()),
+                median(native_samples.clone()),
+                "µs",
+            )
+            .at_most(1.5),
+        );
+        report(Figure::new(
+            &format!("mcp_http_p99 {name}"),
+            percentile(keel_samples, 99.0),
+            percentile(native_samples, 99.0),
+            "µs",
+        ));
+        for clients in [1, 10, 100] {
+            let total = options.scale(3_000, 300).max(clients * 3);
+            let keel_rate = throughput(&[keel.addr], clients, total).await?;
+            let native_rate = throughput(&[native.addr], clients, total).await?;
+            report(
+                Figure::new(
+                    &format!("mcp_http_calls_per_s_{clients}_clients {name}"),
+                    keel_rate,
+                    native_rate,
+                    "calls/s",
+                )
+                .at_least(0.7),
+            );
+        }
+        let second = keel_server(options, &options.tools, workspace.path()).await?;
+        let total = options.scale(3_000, 300);
+        let one = throughput(&[keel.addr], 10, total).await?;
+        let two = throughput(&[keel.addr, second.addr], 10, total).await?;
+        drop(second);
+        report(Figure::new(
+            "mcp_http_two_replicas (10 clients: two keel serve replicas / one)",
+            two,
+            one,
+            "calls/s",
+        ));
+        let calls = options.scale(1_000, 200);
+        let (keel_ms, keel_lost) = burst(keel.addr, calls).await?;
+        let (native_ms, native_lost) = burst(native.addr, calls).await?;
+        report(Figure::new(
+            &format!("mcp_http_burst_{calls} (all answered, ms) {name}"),
+            keel_ms,
+            native_ms,
+            "ms",
+        ));
+        report(
+            Figure::new(
+                &format!("mcp_http_burst_{calls}_lost {name}"),
+                keel_lost as f64,
+                native_lost as f64,
+                "calls",
+            )
+            .keel_at_most(0.0),
+        );
+        drop((keel, native));
+        Ok::<_, Error>(())
+    })?;
+    memory(options, &rt, &mut report)
+}
+
+/// The resident memory of `keel serve --http` idle with 50 plugins loaded,
+/// against the native server idle; and after 10,000 calls against after
+/// the first 1,000.
+fn memory(
+    options: &BenchOptions,
+    rt: &tokio::runtime::Runtime,
+    report: &mut impl FnMut(Figure),
+) -> Result<()> {
+    let plugins = super::fifty_plugins(options)?;
+    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    rt.block_on(async {
+        let keel = keel_server(options, plugins.path(), workspace.path()).await?;
+        let native = native_server(options).await?;
+        // Idle: started, and left alone for a moment.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (idle, native_idle) = (resident_kib(keel.pid())?, resident_kib(native.pid())?);
+        report(Figure::new(
+            "mcp_http_serve_rss_idle_50_plugins (keel serve --http / native rmcp echo)",
+            idle as f64 / 1024.0,
+            native_idle as f64 / 1024.0,
+            "MiB",
+        ));
+        let (first, total) = (options.scale(1_000, 200), options.scale(10_000, 2_000));
+        throughput(&[keel.addr], 10, first).await?;
+        let after_first = resident_kib(keel.pid())?;
+        throughput(&[keel.addr], 10, total - first).await?;
+        let after_all = resident_kib(keel.pid())?;
+        report(
+            Figure::new(
+                &format!("mcp_http_serve_rss_growth (after {total} calls / after {first})"),
+                after_all as f64 / 1024.0,
+                after_first as f64 / 1024.0,
+                "MiB",
+            )
+            .at_most(1.05),
+        );
+        Ok(())
+    })
+}
+
+/// The resident set of process `pid`, in KiB.
+fn resident_kib(pid: u32) -> Result<u64> {
+    let path = PathBuf::from(format!("/proc/{pid}/status"));
+    let status = std::fs::read_to_string(&path).map_err(|error| Error::io("read", &path, error))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| Error::io("parse", &path, std::io::Error::other("no VmRSS line")))
+}
+
+fn failed(what: &Path, error: impl std::fmt::Display) -> Error {
+    Error::io("run", what, std::io::Error::other(format!("MCP over HTTP: {error}")))
+}
