@@ -65,7 +65,11 @@ impl Runtime {
             .table_elements(limits.table_elements)
             // Reuse warm slots without re-faulting their first pages: what
             // makes a fresh sandbox per call nearly as cheap as a reused one.
-            .linear_memory_keep_resident(1 << 20)
+            // Up to 8 MiB: a call that reads a body or a file of a few MiB
+            // otherwise has the kernel fault in and zero every page of it
+            // again, call after call. Only pages the last instance dirtied
+            // stay, and each is reset before the next instance sees it.
+            .linear_memory_keep_resident(8 << 20)
             .table_keep_resident(64 << 10)
             .pagemap_scan(Enabled::Auto);
 
