@@ -53,6 +53,11 @@ pub const USER_AGENT: &str = concat!("keel-guest/", env!("CARGO_PKG_VERSION"));
 /// at most what is ready, so this bounds a read, not the body.
 const READ_CHUNK: u64 = 64 << 10;
 
+/// The most a body's buffer is sized for up front from its `content-length`,
+/// which a server may state falsely: past it, the buffer grows as the bytes
+/// come.
+const MAX_PRESIZE: u64 = 16 << 20;
+
 /// `GET` a URL.
 ///
 /// ```no_run
@@ -348,7 +353,7 @@ impl Response {
         if declared.is_some_and(|length| length > limit) {
             return Err(too_large());
         }
-        let prefix = self.body.read_up_to(limit, &self.url)?;
+        let prefix = self.body.read_up_to(limit, declared, &self.url)?;
         if prefix.truncated {
             return Err(too_large());
         }
@@ -369,7 +374,8 @@ impl Response {
     /// more: for a tool that shows the start of a long body rather than fail.
     /// The cap of [`Request::max_body`] does not apply.
     pub fn read_up_to(mut self, limit: u64) -> Result<Prefix, Error> {
-        self.body.read_up_to(limit, &self.url)
+        let declared = self.header("content-length").and_then(|length| length.trim().parse::<u64>().ok());
+        self.body.read_up_to(limit, declared, &self.url)
     }
 }
 
@@ -420,8 +426,11 @@ impl Body {
 
     /// Read until the end or past `limit`, whichever comes first: one byte
     /// past it tells a body of exactly `limit` bytes from a longer one.
-    fn read_up_to(&mut self, limit: u64, url: &Url) -> Result<Prefix, Error> {
-        let mut bytes = Vec::new();
+    /// A `declared` length sizes the buffer once, where growing it would
+    /// copy the body over and over.
+    fn read_up_to(&mut self, limit: u64, declared: Option<u64>, url: &Url) -> Result<Prefix, Error> {
+        let expected = declared.map_or(0, |length| length.min(limit.saturating_add(1)).min(MAX_PRESIZE));
+        let mut bytes = Vec::with_capacity(usize::try_from(expected).unwrap_or(0));
         while (bytes.len() as u64) <= limit {
             let wanted = (limit - bytes.len() as u64).saturating_add(1).min(READ_CHUNK);
             match self.read(wanted, url)? {

@@ -163,7 +163,8 @@ pub fn read(response: Response, max_bytes: u64) -> Result<Output> {
         Kind::Html => meta_charset(&body.bytes),
         Kind::Text => None,
     });
-    let text = decode(&body.bytes, charset.as_deref(), body.truncated);
+    let truncated = body.truncated;
+    let text = decode(body.bytes, charset.as_deref(), truncated);
     let mut text = match kind {
         Kind::Html => html::to_text(&text),
         Kind::Text => text,
@@ -177,7 +178,7 @@ pub fn read(response: Response, max_bytes: u64) -> Result<Output> {
             Kind::Text => format!("{answered}, with an empty body"),
         }));
     }
-    if body.truncated {
+    if truncated {
         text.push_str(&format!(
             "\n\n[cut: only the first {max_bytes} bytes of the body were read; a larger `max_bytes` \
              (at most {MAX_MAX_BYTES}) reads more]"
@@ -280,7 +281,7 @@ fn meta_charset(body: &[u8]) -> Option<String> {
 /// which is read as windows-1252 (as browsers read all of them); any other
 /// charset is read as UTF-8, with what does not decode replaced by `U+FFFD`.
 /// A body cut short loses the partial character at its end.
-fn decode(bytes: &[u8], charset: Option<&str>, truncated: bool) -> String {
+fn decode(bytes: Vec<u8>, charset: Option<&str>, truncated: bool) -> String {
     let latin = matches!(
         charset,
         Some("iso-8859-1" | "iso8859-1" | "latin1" | "l1" | "windows-1252" | "cp1252" | "us-ascii" | "ascii")
@@ -288,8 +289,17 @@ fn decode(bytes: &[u8], charset: Option<&str>, truncated: bool) -> String {
     if latin {
         return bytes.iter().map(|&byte| windows_1252(byte)).collect();
     }
-    let bytes = if truncated { without_partial_char(bytes) } else { bytes };
-    String::from_utf8_lossy(bytes).into_owned()
+    let mut bytes = bytes;
+    if truncated {
+        let whole = without_partial_char(&bytes).len();
+        bytes.truncate(whole);
+    }
+    // Most text is valid UTF-8: checked whole, it is checked a word at a
+    // time and kept where it is, and only text that is not pays for repairs.
+    match String::from_utf8(bytes) {
+        Ok(text) => text,
+        Err(error) => String::from_utf8_lossy(error.as_bytes()).into_owned(),
+    }
 }
 
 /// `bytes` without a UTF-8 sequence cut off at its end.
@@ -331,7 +341,8 @@ fn error_excerpt(response: Response) -> Option<String> {
         None => Kind::Text,
     };
     let body = response.read_up_to(ERROR_BODY_BYTES).ok()?;
-    let text = decode(&body.bytes, None, body.truncated);
+    let truncated = body.truncated;
+    let text = decode(body.bytes, None, truncated);
     let text = match kind {
         Kind::Html => html::to_text(&text),
         Kind::Text => text.trim().to_string(),
@@ -340,7 +351,7 @@ fn error_excerpt(response: Response) -> Option<String> {
     if excerpt.is_empty() {
         return None;
     }
-    if body.truncated || excerpt.len() < text.len() {
+    if truncated || excerpt.len() < text.len() {
         excerpt.push('…');
     }
     Some(excerpt)
