@@ -68,6 +68,12 @@ impl Figure {
     }
 }
 
+/// A burst's replies that came back right, of the `calls` sent, when
+/// `lost` did not: the target is every one.
+pub(crate) fn answered(name: &str, lost: usize, calls: usize) -> Figure {
+    Figure::new(name, (calls - lost) as f64, calls as f64, "calls").at_least(1.0)
+}
+
 /// How long and on what to run.
 #[derive(Clone, Debug)]
 pub struct BenchOptions {
@@ -232,10 +238,7 @@ pub fn startup(options: &BenchOptions) -> Result<Figure> {
     let cold = start()?;
     std::thread::sleep(CACHE_RACY_WINDOW.saturating_sub(copied.elapsed()));
     let warm: Vec<f64> = (0..options.scale(21, 3)).map(|_| start()).collect::<Result<_>>()?;
-    let mut figure = Figure::new("startup_50_plugins (warm cache / cold)", median(warm), cold, "ms");
-    figure.target = Some("keel <= 10 ms".into());
-    figure.met = Some(figure.keel <= 10.0);
-    Ok(figure)
+    Ok(Figure::new("startup_50_plugins (warm cache / cold)", median(warm), cold, "ms").keel_at_most(10.0))
 }
 
 /// A directory of 50 plugins: the bundled tools, copied over and over.
@@ -256,7 +259,7 @@ fn tempdir() -> Result<tempfile::TempDir> {
 
 /// Run the `keel` binary with `args`, `plugins` and `cache`, and read the
 /// `N` numbers it prints on one line: the figures of one fresh process.
-fn child_figures<const N: usize>(
+pub(crate) fn child_figures<const N: usize>(
     options: &BenchOptions,
     args: &[&str],
     plugins: &Path,
