@@ -154,7 +154,7 @@ pub fn per_call(options: &BenchOptions) -> Result<Figure> {
             keel.push(started.elapsed().as_secs_f64() * 1e6 / per_round as f64);
         }
     });
-    Ok(Figure::new("per_call_overhead (keel / floor)", median(keel), median(bare), "µs").at_most(1.5))
+    Ok(Figure::new("per_call_overhead (keel / floor)", median(keel), median(bare), "µs").at_most(1.25))
 }
 
 /// Figure 2: 1,000 concurrency-safe calls, cap 10, against the floor's same
@@ -190,7 +190,7 @@ pub fn throughput(options: &BenchOptions, workers: usize) -> Result<Figure> {
         }
     });
     let name = format!("throughput_{workers}_workers (keel / floor calls per s)");
-    Ok(Figure::new(&name, median(keel), median(bare), "calls/s").at_least(0.8))
+    Ok(Figure::new(&name, median(keel), median(bare), "calls/s").at_least(0.9))
 }
 
 /// Figure 3: 100 CPU-heavy `hash` calls, cap 10: wall time against the

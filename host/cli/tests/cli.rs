@@ -126,6 +126,46 @@ fn bench_quick_prints_one_json_figure_per_line() {
 }
 
 #[test]
+fn bench_compares_keel_with_another_stdio_mcp_server() {
+    let dir = tempfile::tempdir().unwrap();
+    // The native echo server the MCP figures measure keel against is a real
+    // rmcp server on stdio: here it stands for the server a user runs today.
+    let server = format!("{} bench --serve-native-echo", env!("CARGO_BIN_EXE_keel"));
+    let args = ["bench", "--quick", "--json", "--mcp-server", &server, "--tool", "echo", "--arguments"];
+    let output = keel(&[&args[..], &[r#"{"text":"hi"}"#]].concat(), dir.path(), "");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let figures: Vec<serde_json::Value> = String::from_utf8(output.stdout)
+        .unwrap()
+        .lines()
+        .map(|line| serde_json::from_str(line).unwrap())
+        .collect();
+    let names: Vec<&str> =
+        figures.iter().map(|f| f["name"].as_str().unwrap().split(' ').next().unwrap()).collect();
+    assert_eq!(
+        names,
+        [
+            "mcp_stdio_round_trip_p50",
+            "mcp_stdio_server_cpu_per_call",
+            "mcp_stdio_burst_200",
+            "mcp_stdio_burst_200_answered",
+            "mcp_stdio_burst_200_answered",
+            "mcp_stdio_first_call"
+        ]
+    );
+    assert!(figures[0]["name"].as_str().unwrap().contains("--serve-native-echo: echo"), "{}", figures[0]);
+
+    // A tool it does not have is named in the error, and nothing is measured.
+    let args = ["bench", "--quick", "--mcp-server", &server, "--tool", "nope"];
+    let output = keel(&args, dir.path(), "");
+    assert_eq!(output.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("could not call nope with {}"), "{stderr}");
+    let output = keel(&["bench", "--mcp-server", "exit 3", "--tool", "echo"], dir.path(), "");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("`exit 3` did not start as an MCP server on stdio"), "{stderr}");
+}
+
+#[test]
 fn the_configured_input_cap_applies_before_parsing_and_fails_only_that_call() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("keel.toml"), "[limits]\ninput_kib = 1\n").unwrap();

@@ -201,9 +201,16 @@ pub fn compare(
         let keel_first = started.elapsed().as_secs_f64() * 1e3;
         let mut theirs = tokio::process::Command::new(shell);
         theirs.arg("-c").arg(format!("exec {command}"));
-        let other = Server::spawn(theirs, workspace.path(), shell).await?;
+        let other = Server::spawn(theirs, workspace.path(), shell).await.map_err(|_| {
+            Error::Engine(format!("`{command}` did not start as an MCP server on stdio (run by `sh -c`)"))
+        })?;
         let started = Instant::now();
-        other.call_tool(tool, arguments).await?;
+        other.call_tool(tool, arguments).await.map_err(|error| {
+            Error::Engine(format!(
+                "`{command}` could not call {tool} with {}: {error}",
+                Value::Object(arguments.clone())
+            ))
+        })?;
         let other_first = started.elapsed().as_secs_f64() * 1e3;
         let name = format!("(keel serve echo / {command}: {tool})");
         let [latency, cpu] = round_trip(options, &keel, &other, tool, arguments).await?;
