@@ -609,22 +609,17 @@ impl Tool for PluginTool {
         }))
     }
 
-    /// Load the code if it was left unloaded at start, then ask `plan` and
-    /// `check` of an empty input in a sandbox of its own, which is dropped:
-    /// the code a call runs first and a pool slot for its instances are warm
-    /// when the first call comes. The answers are not kept; an input the
-    /// tool cannot read gets the SDK's fallback answers without reaching the
-    /// tool's own code, and `call` is never asked.
+    /// Load the code if it was left unloaded at start, then run one
+    /// `metadata` in a sandbox of its own, which is dropped: the code's pages
+    /// and a pool slot for its instances are warm when the first call comes.
+    /// The answers are not needed: they were read at load.
     async fn warm_up(&self) {
         if self.shared.pre().await.is_err() {
             return;
         }
-        let context = Arc::new(crate::run::context::initial());
-        let Ok(mut invocation) = self.invoke(Value::Object(Default::default()), context).await else {
-            return;
-        };
-        invocation.is_concurrency_safe().await;
-        let _ = invocation.validate_input().await;
+        let mut meter = Meter::unmetered();
+        let mut questions = Questions::new(&self.shared, Grant::Nothing, &mut meter);
+        let _ = query!(questions, |guest, store| guest.metadata(store));
     }
 
     async fn inputs_equivalent(&self, a: &Value, b: &Value) -> bool {
