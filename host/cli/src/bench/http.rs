@@ -9,7 +9,6 @@
 //! in front of a server would. Every reply is checked for its own request's
 //! payload.
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
@@ -55,7 +54,7 @@ pub fn serve_native_echo_http() -> std::io::Result<()> {
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
                     let mut service = service.clone();
-                    async move { Ok::<_, Infallible>(tower_service::Service::call(&mut service, request).await?) }
+                    async move { tower_service::Service::call(&mut service, request).await }
                 });
                 let builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
                 let _ = builder.serve_connection(TokioIo::new(stream), service).await;

@@ -240,7 +240,7 @@ impl Server {
         arrival: Arrival,
         cancelled: &CancellationToken,
         progress: Option<Arc<forward::Forwarder<Value>>>,
-        log: Option<(Arc<forward::Forwarder<(LogLevel, String)>>, LogLevel)>,
+        log: Option<(Arc<forward::LogLines>, LogLevel)>,
     ) -> ToolResult {
         let interrupt = Interrupt::new();
         if cancelled.is_cancelled() {

@@ -92,10 +92,13 @@ pub fn progress(peer: Peer<RoleServer>, token: ProgressToken) -> Forwarder<Value
     }))
 }
 
+/// A call's log lines, each with its level.
+pub type LogLines = Forwarder<(LogLevel, String)>;
+
 /// A call's log lines as `notifications/message`, the tool's name as the
 /// logger.
 #[allow(deprecated, reason = "logging is deprecated from 2026-07-28 on; older clients still use it")]
-pub fn log(peer: Peer<RoleServer>, tool: String) -> Forwarder<(LogLevel, String)> {
+pub fn log(peer: Peer<RoleServer>, tool: String) -> LogLines {
     use rmcp::model::{LoggingLevel as Mcp, LoggingMessageNotificationParam};
     Forwarder::new(Box::new(move |mut lines| {
         Box::pin(async move {
