@@ -41,7 +41,8 @@ const SERVING: &str = "serving MCP on http://";
 pub fn serve_native_echo_http() -> std::io::Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async {
-        let config = StreamableHttpServerConfig::default();
+        // As `keel serve --http` configures it.
+        let config = StreamableHttpServerConfig::default().with_json_response(true);
         let service =
             StreamableHttpService::new(|| Ok(NativeEcho), Arc::new(LocalSessionManager::default()), config);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;

@@ -112,7 +112,12 @@ pub async fn serve(server: Server, addr: SocketAddr, args: &HttpArgs) -> Result<
     let mut origins: Vec<String> =
         ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"].map(String::from).to_vec();
     origins.extend(args.allow_origins.iter().cloned());
+    // A stateless request whose handler sends nothing before its result is
+    // answered with that result as JSON, not an event stream that stays open
+    // until the handler's task is gone; one that reports progress first
+    // still gets a stream.
     let config = StreamableHttpServerConfig::default()
+        .with_json_response(true)
         .with_allowed_hosts(hosts)
         .with_allowed_origins(origins)
         .enforce_origin_validation()
