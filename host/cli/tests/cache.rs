@@ -4,7 +4,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
 use std::time::{Duration, SystemTime};
 
 use support::bundled;
@@ -47,24 +46,8 @@ impl Project {
         self.path().join(format!("tools/keel_tool_{tool}.wasm")).canonicalize().unwrap()
     }
 
-    fn keel(&self, args: &[&str]) -> Output {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
-        command
-            .args(args)
-            .current_dir(self.path())
-            .env("KEEL_CACHE_DIR", self.cache())
-            .env_remove("KEEL_LOG");
-        support::run(&mut command, Duration::from_secs(120))
-    }
-
     fn keel_ok(&self, args: &[&str]) -> String {
-        let output = self.keel(args);
-        assert!(
-            output.status.success(),
-            "keel {args:?} failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
+        support::keel_ok(&mut support::keel(self.path(), &self.cache(), args))
     }
 
     /// The batch's results, which are the same whatever the cache holds.

@@ -4,8 +4,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
-use std::time::Duration;
 
 use support::bundled;
 
@@ -36,35 +34,13 @@ impl Project {
         file
     }
 
-    fn keel(&self, args: &[&str]) -> Output {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
-        command
-            .args(args)
-            .current_dir(self.path())
-            .env("KEEL_CACHE_DIR", self.path().join("cache"))
-            .env_remove("KEEL_LOG");
-        support::run(&mut command, Duration::from_secs(120))
-    }
-
     fn keel_ok(&self, args: &[&str]) -> String {
-        let output = self.keel(args);
-        assert!(
-            output.status.success(),
-            "keel {args:?} failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
+        support::keel_ok(&mut support::keel(self.path(), &self.path().join("cache"), args))
     }
 
     /// The stderr of `keel args`, which must fail.
     fn keel_fails(&self, args: &[&str]) -> String {
-        let output = self.keel(args);
-        assert!(
-            !output.status.success(),
-            "keel {args:?} succeeded:\n{}",
-            String::from_utf8_lossy(&output.stdout)
-        );
-        String::from_utf8(output.stderr).unwrap()
+        support::keel_fails(&mut support::keel(self.path(), &self.path().join("cache"), args))
     }
 }
 

@@ -36,15 +36,11 @@ impl Project {
     }
 
     fn command(&self, args: &[&str]) -> Command {
-        let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+        let mut command = support::keel(self.path(), &self.path().join("cache"), args);
         command
-            .args(args)
-            .current_dir(self.path())
-            .env("KEEL_CACHE_DIR", self.path().join("cache"))
             .env("DOCKER_CONFIG", self.path().join("docker"))
             .env_remove("KEEL_REGISTRY_USERNAME")
-            .env_remove("KEEL_REGISTRY_PASSWORD")
-            .env_remove("KEEL_LOG");
+            .env_remove("KEEL_REGISTRY_PASSWORD");
         command
     }
 
@@ -53,13 +49,7 @@ impl Project {
     }
 
     fn keel_ok(&self, args: &[&str]) -> String {
-        let output = self.keel(&mut self.command(args));
-        assert!(
-            output.status.success(),
-            "keel {args:?} failed:\n{}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-        String::from_utf8(output.stdout).unwrap()
+        support::keel_ok(&mut self.command(args))
     }
 
     /// `keel run --plugins reference batch.json`: the echo's text.

@@ -117,3 +117,30 @@ pub fn run_ok(command: &mut Command, limit: Duration) {
         String::from_utf8_lossy(&output.stderr),
     );
 }
+
+/// `keel args` in `dir`, its compile cache in `cache`, its log level left
+/// at the default whatever the environment says.
+pub fn keel(dir: &Path, cache: &Path, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_keel"));
+    command.args(args).current_dir(dir).env("KEEL_CACHE_DIR", cache).env_remove("KEEL_LOG");
+    command
+}
+
+/// How long one `keel` command of these tests may take.
+const KEEL_LIMIT: Duration = Duration::from_secs(120);
+
+/// Run a `keel` command and give its stdout; panic with its stderr unless
+/// it succeeded.
+pub fn keel_ok(command: &mut Command) -> String {
+    let output = run(command, KEEL_LIMIT);
+    assert!(output.status.success(), "{command:?} failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    String::from_utf8(output.stdout).unwrap()
+}
+
+/// Run a `keel` command and give its stderr; panic with its stdout unless
+/// it failed.
+pub fn keel_fails(command: &mut Command) -> String {
+    let output = run(command, KEEL_LIMIT);
+    assert!(!output.status.success(), "{command:?} succeeded:\n{}", String::from_utf8_lossy(&output.stdout));
+    String::from_utf8(output.stderr).unwrap()
+}
