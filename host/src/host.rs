@@ -595,11 +595,11 @@ impl Host {
     }
 
     /// Get every tool ready for its first call ([`Tool::warm_up`]): for a
-    /// plugin whose code was left unloaded at start, load it and warm a
-    /// sandbox of it, one plugin after another. A first call then costs about
-    /// what a later one does. Meant to run in the background once the host
-    /// is built, as `keel serve` runs it; the future holds the pool, not the
-    /// host.
+    /// plugin, load its code if it was left unloaded at start and run one
+    /// sandbox of it, one plugin after another. A first call then neither
+    /// loads code nor finds its pool slot cold. Meant to run in the
+    /// background once the host is built, as `keel serve` runs it; the
+    /// future holds the pool, not the host.
     ///
     /// [`Tool::warm_up`]: crate::tool::Tool::warm_up
     pub fn warm_up(&self) -> impl std::future::Future<Output = ()> + Send + 'static {

@@ -215,11 +215,7 @@ impl Arrival {
         events: Option<EventSink>,
         interrupt: &Interrupt,
     ) -> ToolResult {
-        let events = match events {
-            None => Events::Nobody,
-            Some(EventSink { sink, every: true }) => Events::Sink(sink),
-            Some(EventSink { sink, every: false }) => Events::Reports(sink),
-        };
+        let events = events.map_or(Events::Nobody, |sink| sink.0);
         if self.0.taken.swap(true, Ordering::Relaxed) {
             let message = "the host ran this call from an arrival that had already run one";
             return finished(&events, ToolResult::error(&tool_use.id, message));

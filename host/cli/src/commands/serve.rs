@@ -150,8 +150,8 @@ pub struct Live {
 
 impl Live {
     fn new(host: Host, context: serde_json::Value) -> Self {
-        // Off the path of any call: the first call of a plugin then costs
-        // about what a later one does.
+        // Off the path of any call: the first call of a plugin then neither
+        // loads its code nor finds its pool slot cold.
         tokio::spawn(host.warm_up());
         let tools = mcp_tools(&host).into();
         let stream = host.stream(context);
