@@ -191,6 +191,38 @@ fn a_stateless_client_calls_without_a_session() {
 }
 
 #[test]
+fn a_stateless_result_comes_as_json_unless_progress_comes_first() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = support::serve_with(workspace.path(), &[bundled("echo"), bundled("sleep")], &[]);
+    let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "plain" }));
+    assert!(
+        reply.header("content-type").is_some_and(|value| value.starts_with("application/json")),
+        "{:?}",
+        reply.headers
+    );
+    let message: Value = serde_json::from_str(&reply.body).expect("the body is the JSON-RPC reply itself");
+    assert_eq!(message["result"]["content"][0]["text"], "plain");
+
+    // A call that reports progress first gets a stream: nothing it reports is lost.
+    let meta = json!({ "_meta": {
+        "progressToken": "p1",
+        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+        "io.modelcontextprotocol/clientCapabilities": {},
+        "io.modelcontextprotocol/clientInfo": { "name": "test", "version": "1" }
+    }});
+    let reply =
+        stateless_call_with(server.addr, &[], "sleep", &json!({ "ms": 20, "steps": 2 }), &json!({}), &meta);
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert!(
+        reply.header("content-type").is_some_and(|value| value.starts_with("text/event-stream")),
+        "{:?}",
+        reply.headers
+    );
+    assert!(reply.body.contains("notifications/progress"), "{}", reply.body);
+    assert_eq!(reply.message()["result"]["isError"], false, "{}", reply.body);
+}
+
+#[test]
 fn only_a_request_with_the_right_token_reaches_the_tools() {
     let workspace = tempfile::tempdir().unwrap();
     let token = workspace.path().join("token");
