@@ -253,7 +253,7 @@ pub(crate) fn fifty_plugins(options: &BenchOptions) -> Result<tempfile::TempDir>
     Ok(plugins)
 }
 
-fn tempdir() -> Result<tempfile::TempDir> {
+pub(crate) fn tempdir() -> Result<tempfile::TempDir> {
     tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))
 }
 
@@ -547,19 +547,24 @@ pub fn memory(options: &BenchOptions) -> Result<Figure> {
     for done in (100..=total).step_by(100) {
         rt.block_on(host.run_batch(&batch));
         if done == first {
-            after_first = resident_kib();
+            after_first = resident_kib("self")?;
         }
     }
     let name = format!("memory_rss (after {total} calls / after {first})");
-    let figure = Figure::new(&name, resident_kib() as f64 / 1024.0, after_first as f64 / 1024.0, "MiB");
+    let figure =
+        Figure::new(&name, resident_kib("self")? as f64 / 1024.0, after_first as f64 / 1024.0, "MiB");
     Ok(figure.at_most(1.05))
 }
 
-fn resident_kib() -> u64 {
-    std::fs::read_to_string("/proc/self/statm")
-        .ok()
-        .and_then(|statm| statm.split_whitespace().nth(1).and_then(|pages| pages.parse::<u64>().ok()))
-        .map_or(0, |pages| pages * 4)
+/// The resident set of `process` (a pid, or `self`), in KiB.
+pub(crate) fn resident_kib(process: &str) -> Result<u64> {
+    let path = PathBuf::from(format!("/proc/{process}/status"));
+    let status = std::fs::read_to_string(&path).map_err(|error| Error::io("read", &path, error))?;
+    status
+        .lines()
+        .find_map(|line| line.strip_prefix("VmRSS:"))
+        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
+        .ok_or_else(|| Error::io("parse", &path, std::io::Error::other("no VmRSS line")))
 }
 
 /// The figures, by the first word of their name.

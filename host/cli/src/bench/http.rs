@@ -10,7 +10,7 @@
 //! payload.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -25,7 +25,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use super::mcp::NativeEcho;
-use super::{BenchOptions, Figure, answered, median};
+use super::{BenchOptions, Figure, answered, median, resident_kib, tempdir};
 use keel_host::{Error, Result};
 
 /// The arguments that make the `keel` binary serve the native echo over
@@ -299,7 +299,7 @@ fn percentile(mut samples: Vec<f64>, p: f64) -> f64 {
 /// The HTTP figures: round trip p50 and p99, calls per second with 1, 10
 /// and 100 clients, two replicas against one, and the burst.
 pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) -> Result<()> {
-    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let workspace = tempdir()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
         .enable_all()
@@ -395,10 +395,10 @@ fn memory(
     // older than the cache's racy window, as after any earlier start.
     let plugins = super::fifty_plugins(options)?;
     let copied = Instant::now();
-    let cache = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let cache = tempdir()?;
     super::child_figures::<1>(options, &super::START_POOL_ARGS, plugins.path(), cache.path())?;
     std::thread::sleep(keel_host::load::floor::CACHE_RACY_WINDOW.saturating_sub(copied.elapsed()));
-    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let workspace = tempdir()?;
     rt.block_on(async {
         let mut command = tokio::process::Command::new(&options.keel);
         command.arg("serve").arg("--plugins").arg(plugins.path()).arg("--workspace").arg(workspace.path());
@@ -411,7 +411,8 @@ fn memory(
         let native = native_server(options).await?;
         // Idle: started, and left alone for a moment.
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let (idle, native_idle) = (resident_kib(keel.pid())?, resident_kib(native.pid())?);
+        let (idle, native_idle) =
+            (resident_kib(&keel.pid().to_string())?, resident_kib(&native.pid().to_string())?);
         report(Figure::new(
             "mcp_http_serve_rss_idle_50_plugins (keel serve --http / native rmcp echo)",
             idle as f64 / 1024.0,
@@ -420,9 +421,9 @@ fn memory(
         ));
         let (first, total) = (options.scale(1_000, 200), options.scale(10_000, 2_000));
         throughput(&[keel.addr], 10, first).await?;
-        let after_first = resident_kib(keel.pid())?;
+        let after_first = resident_kib(&keel.pid().to_string())?;
         throughput(&[keel.addr], 10, total - first).await?;
-        let after_all = resident_kib(keel.pid())?;
+        let after_all = resident_kib(&keel.pid().to_string())?;
         report(
             Figure::new(
                 &format!("mcp_http_serve_rss_growth (after {total} calls / after {first})"),
@@ -434,17 +435,6 @@ fn memory(
         );
         Ok(())
     })
-}
-
-/// The resident set of process `pid`, in KiB.
-fn resident_kib(pid: u32) -> Result<u64> {
-    let path = PathBuf::from(format!("/proc/{pid}/status"));
-    let status = std::fs::read_to_string(&path).map_err(|error| Error::io("read", &path, error))?;
-    status
-        .lines()
-        .find_map(|line| line.strip_prefix("VmRSS:"))
-        .and_then(|value| value.trim().trim_end_matches("kB").trim().parse().ok())
-        .ok_or_else(|| Error::io("parse", &path, std::io::Error::other("no VmRSS line")))
 }
 
 fn failed(what: &Path, error: impl std::fmt::Display) -> Error {

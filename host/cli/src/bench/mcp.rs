@@ -22,7 +22,7 @@ use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler, ServiceExt as _};
 use serde_json::{Value, json};
 
-use super::{BenchOptions, Figure, answered, median};
+use super::{BenchOptions, Figure, answered, median, tempdir};
 use keel_host::{Error, Result};
 
 /// The arguments that make the `keel` binary serve the native echo of
@@ -90,7 +90,7 @@ impl ServerHandler for NativeEcho {
 /// per call, `keel serve` against the native echo server; then figure 13,
 /// the burst: 1,000 calls at once on one session of each.
 pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) -> Result<()> {
-    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let workspace = tempdir()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
@@ -186,7 +186,7 @@ pub fn compare(
     arguments: &JsonObject,
     mut report: impl FnMut(Figure),
 ) -> Result<()> {
-    let workspace = tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
+    let workspace = tempdir()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
