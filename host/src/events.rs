@@ -146,23 +146,3 @@ impl Event {
         }
     }
 }
-
-/// Where the events of a call arriving on its own go
-/// ([`crate::Arrival::run`]), and which of them.
-#[derive(Clone)]
-pub struct EventSink(pub(crate) crate::run::scheduler::Events);
-
-impl EventSink {
-    /// Every event of the call, as it happens: its start (the tool is asked
-    /// for its activity), what it reports, its end and its result.
-    pub fn every(sink: std::sync::Arc<dyn Fn(Event) + Send + Sync>) -> Self {
-        EventSink(crate::run::scheduler::Events::Sink(sink))
-    }
-
-    /// Only what the running tool reports ([`Event::is_report`]): the tool
-    /// is not asked for its activity, and no other event is built. What a
-    /// server that forwards progress to its client needs.
-    pub fn reports(sink: std::sync::Arc<dyn Fn(Event) + Send + Sync>) -> Self {
-        EventSink(crate::run::scheduler::Events::Reports(sink))
-    }
-}

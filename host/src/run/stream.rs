@@ -14,7 +14,7 @@ use serde_json::Value;
 use tokio::sync::oneshot;
 
 use crate::batch::{ToolResult, ToolUse};
-use crate::events::{Event, EventSink};
+use crate::events::Event;
 use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
 use crate::run::call::{self, NOT_STARTED, PLANNING_PANICKED};
@@ -171,6 +171,26 @@ impl State {
         if self.admission.is_idle() {
             self.admission.close_run();
         }
+    }
+}
+
+/// Where the events of a call arriving on its own go
+/// ([`Arrival::run`]), and which of them.
+#[derive(Clone)]
+pub struct EventSink(Events);
+
+impl EventSink {
+    /// Every event of the call, as it happens: its start (the tool is asked
+    /// for its activity), what it reports, its end and its result.
+    pub fn every(sink: std::sync::Arc<dyn Fn(Event) + Send + Sync>) -> Self {
+        EventSink(Events::Sink(sink))
+    }
+
+    /// Only what the running tool reports ([`Event::is_report`]): the tool
+    /// is not asked for its activity, and no other event is built. What a
+    /// server that forwards progress to its client needs.
+    pub fn reports(sink: std::sync::Arc<dyn Fn(Event) + Send + Sync>) -> Self {
+        EventSink(Events::Reports(sink))
     }
 }
 
