@@ -46,6 +46,7 @@ mod persist;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde::{Deserialize, Serialize};
 
@@ -221,6 +222,8 @@ pub struct Budget {
     store: Arc<dyn ResultStore>,
     shown_root: String,
     warnings: Vec<String>,
+    /// Results persisted so far, shared by the clones.
+    persisted: Arc<AtomicU64>,
 }
 
 impl Budget {
@@ -261,7 +264,14 @@ impl Budget {
         for warning in &warnings {
             tracing::warn!("{warning}");
         }
-        Budget { per_message_chars, tool_chars, store, shown_root: String::new(), warnings }
+        Budget {
+            per_message_chars,
+            tool_chars,
+            store,
+            shown_root: String::new(),
+            warnings,
+            persisted: Arc::default(),
+        }
     }
 
     /// Show persisted paths under `root` (for example the session directory's
@@ -270,6 +280,13 @@ impl Budget {
     pub fn shown_root(mut self, root: impl Into<String>) -> Self {
         self.shown_root = root.into();
         self
+    }
+
+    /// Results persisted so far, by either tier, through this budget and its
+    /// clones: a result whose content, or one of whose images, was written
+    /// to a file (or failed to be, the result becoming an error).
+    pub fn results_persisted(&self) -> u64 {
+        self.persisted.load(Ordering::Relaxed)
     }
 
     /// Config overrides that were ignored, one sentence each.
@@ -347,8 +364,11 @@ impl Budget {
     /// threshold, a result with images is persisted whole: its text as a
     /// text result is, each image to a file of its own, and it becomes text.
     pub async fn per_tool(&self, result: ToolResult, threshold: Threshold) -> ToolResult {
-        let mut result = self.refuse_images(result).await;
+        let (mut result, refused) = self.refuse_images(result).await;
         if !threshold.exceeded_by_content(&result.content) || is_replaced(&result.content, result.is_error) {
+            if refused {
+                self.persisted.fetch_add(1, Ordering::Relaxed);
+            }
             return result;
         }
         let content = std::mem::take(&mut result.content);
@@ -358,14 +378,16 @@ impl Budget {
         result
     }
 
-    /// Persist and replace every image of `result` a model would refuse.
-    async fn refuse_images(&self, mut result: ToolResult) -> ToolResult {
-        let Content::Blocks(blocks) = &mut result.content else { return result };
-        let mut number = 0;
+    /// Persist and replace every image of `result` a model would refuse;
+    /// and whether there was one.
+    async fn refuse_images(&self, mut result: ToolResult) -> (ToolResult, bool) {
+        let Content::Blocks(blocks) = &mut result.content else { return (result, false) };
+        let (mut number, mut refused_any) = (0, false);
         for block in blocks.iter_mut() {
             let ContentBlock::Image(image) = block else { continue };
             number += 1;
             if let Some(why) = refused(image) {
+                refused_any = true;
                 let (note, failed) = self.persist_image(&result.tool_use_id, number, image, &why).await;
                 result.is_error |= failed;
                 *block = ContentBlock::Text(note);
@@ -373,12 +395,13 @@ impl Budget {
         }
         let blocks = std::mem::take(blocks);
         result.content = Content::from_blocks(blocks);
-        result
+        (result, refused_any)
     }
 
     /// Persist `content` whole: what the model reads instead (text), and
     /// whether it is an error.
     async fn persist_content(&self, tool_use_id: &str, content: Content, is_error: bool) -> (Content, bool) {
+        self.persisted.fetch_add(1, Ordering::Relaxed);
         let blocks = match content {
             Content::Text(text) => {
                 let (text, is_error) = self.persist(tool_use_id, text, is_error).await;

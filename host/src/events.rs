@@ -1,7 +1,10 @@
-//! What a batch run reports as it goes, and the label it gets once it
-//! finished ([`summary`]).
+//! What a batch run reports as it goes, what each call cost
+//! ([`figures`]), and the label a batch gets once it finished ([`summary`]).
 
+pub mod figures;
 pub mod summary;
+
+pub use figures::{CallFigures, Outcome, Step, StepTime, now_us};
 
 use serde::Serialize;
 use serde_json::Value;
@@ -55,12 +58,16 @@ pub enum Event {
         /// The line, secrets masked.
         message: String,
     },
-    /// A call ended.
+    /// A call ended, its result held to its tool's budget.
     CallFinished {
         /// Its `tool_use` id.
         tool_use_id: String,
         /// Whether it failed.
         is_error: bool,
+        /// What it cost, step by step, and how it ended. Left out of a
+        /// normalized trace (`keel test`), which must not depend on timing.
+        #[serde(skip_serializing_if = "Option::is_none")]
+        figures: Option<Box<CallFigures>>,
     },
     /// A call's result, in the order of the batch: it waits for the results
     /// of the calls before it.

@@ -547,6 +547,12 @@ impl Host {
         self.options.cap
     }
 
+    /// Results the budgets have persisted so far, by either tier, in every
+    /// batch and stream of this host.
+    pub fn results_persisted(&self) -> u64 {
+        self.options.budget.results_persisted()
+    }
+
     /// Start running a batch from `context` (see [`context::initial`]) on
     /// the current tokio runtime. Its events can be read as it runs; it can
     /// be interrupted; [`BatchRun::finish`] waits for its outcome.

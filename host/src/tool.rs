@@ -13,6 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::content::ContentBlock;
+use crate::events::figures::Usage;
 use crate::limits::{BatchFuel, LimitKind};
 
 /// Everything about a tool that does not depend on its input, read once.
@@ -369,6 +370,14 @@ pub trait Invocation: Send {
     /// burn no fuel).
     fn share_batch_fuel(&mut self, fuel: BatchFuel) {
         let _ = fuel;
+    }
+
+    /// Where this call's sandboxes record what they use (fuel, memory,
+    /// set-up time), for the call's figures
+    /// ([`CallFigures`](crate::events::CallFigures)). Asked once, when the
+    /// invocation begins. Default: none (a native tool has no sandbox).
+    fn usage(&self) -> Option<Arc<Usage>> {
+        None
     }
 
     /// Run the call.

@@ -214,8 +214,11 @@ pub fn bless_requested() -> bool {
 
 /// Order a run's events so they do not depend on timing: the plan; then for
 /// each group, each call's events in batch order followed by the group's
-/// results in batch order; then everything after the last result.
+/// results in batch order; then everything after the last result. Each
+/// call's figures, which are timings, are left out.
 pub fn normalize(events: &[Event]) -> Vec<Event> {
+    let events: Vec<Event> = events.iter().cloned().map(without_figures).collect();
+    let events = events.as_slice();
     let groups: Vec<Vec<String>> = events
         .iter()
         .find_map(|event| match event {
@@ -245,6 +248,16 @@ pub fn normalize(events: &[Event]) -> Vec<Event> {
             .cloned(),
     );
     ordered
+}
+
+/// `event` with no figures.
+fn without_figures(event: Event) -> Event {
+    match event {
+        Event::CallFinished { tool_use_id, is_error, .. } => {
+            Event::CallFinished { tool_use_id, is_error, figures: None }
+        }
+        other => other,
+    }
 }
 
 /// Where an event about one call belongs in a normalized trace.
@@ -308,7 +321,7 @@ mod tests {
         Event::Progress { tool_use_id: id.into(), data: json!({ "step": step }) }
     }
     fn finished(id: &str) -> Event {
-        Event::CallFinished { tool_use_id: id.into(), is_error: false }
+        Event::CallFinished { tool_use_id: id.into(), is_error: false, figures: None }
     }
     fn result(id: &str) -> Event {
         Event::ToolResult {

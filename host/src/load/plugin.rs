@@ -2,11 +2,12 @@
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
+use tracing::Instrument as _;
 use wasmtime::component::types::ComponentItem;
 
 use crate::content::{ContentBlock, Image};
@@ -14,6 +15,7 @@ use crate::contract::{
     DEFAULT_MAX_RESULT_SIZE_CHARS, GUEST_INTERFACE, SUPPORTED_CONTRACT_VERSIONS, WORKSPACE_MOUNT,
 };
 use crate::error::{Error, Result};
+use crate::events::figures::Usage;
 use crate::limits::{BatchFuel, LimitKind, Limits, units};
 use crate::load::bindings::{self, GuestPre, Version};
 use crate::load::engine::{Identity, Runtime};
@@ -49,7 +51,7 @@ macro_rules! query {
                                 let $store = &mut sandbox.store;
                                 crate::load::sandbox::within(until, Box::pin($call)).await
                             };
-                            questions.meter.settle(&reserved, sandbox.fuel_left());
+                            questions.meter.settle(&reserved, Some(&sandbox));
                             match outcome {
                                 Ok(Ok(answer)) => Ok(answer),
                                 Ok(Err(error)) => Err(sandbox.classify(&error, limits)),
@@ -482,11 +484,14 @@ async fn read_spec(
 /// Where one invocation's fuel comes from: its own per-call budget, which
 /// its questions draw on too, and, once shared, the allowance of its batch.
 /// Fuel is reserved before each export call and what it left unburnt is
-/// given back after, so the batch allowance counts only fuel burnt.
+/// given back after, so the batch allowance counts only fuel burnt. What
+/// was burnt, the memory reached and the time spent setting up sandboxes go
+/// to `usage`, for the call's figures.
 struct Meter {
     per_call: u64,
     left: u64,
     batch: Option<BatchFuel>,
+    usage: Arc<Usage>,
 }
 
 /// Fuel reserved for one export call, and the limit that bounded it.
@@ -497,7 +502,7 @@ struct Reserved {
 
 impl Meter {
     fn new(per_call: u64) -> Self {
-        Meter { per_call, left: per_call, batch: None }
+        Meter { per_call, left: per_call, batch: None, usage: Usage::shared() }
     }
 
     /// For questions outside any call (at load, `inputs-equivalent`): each
@@ -537,9 +542,15 @@ impl Meter {
         Ok(Reserved { fuel, limit })
     }
 
-    /// Give back what an export call left of `reserved`.
-    fn settle(&mut self, reserved: &Reserved, unburnt: u64) {
-        let unburnt = unburnt.min(reserved.fuel);
+    /// Give back what an export call in `sandbox` left of `reserved`; a
+    /// sandbox that failed to instantiate is counted as having burnt all it
+    /// was given.
+    fn settle(&mut self, reserved: &Reserved, sandbox: Option<&Sandbox>) {
+        let unburnt = sandbox.map_or(0, Sandbox::fuel_left).min(reserved.fuel);
+        self.usage.burnt(reserved.fuel - unburnt);
+        if let Some(sandbox) = sandbox {
+            self.usage.memory(sandbox.memory_peak());
+        }
         self.left += unburnt;
         if let Some(batch) = &self.batch {
             batch.give_back(unburnt);
@@ -567,6 +578,8 @@ impl<'a> Questions<'a> {
             return Ok(sandbox);
         }
         let shared = self.shared;
+        // Loading code left unloaded at start is part of the set-up.
+        let started = Instant::now();
         // Before any fuel is reserved: a plugin whose code cannot be loaded
         // burns none.
         let pre = shared.pre().await?;
@@ -581,10 +594,12 @@ impl<'a> Questions<'a> {
             self.grant,
             (reserved.fuel, reserved.limit),
         ))
+        .instrument(tracing::info_span!(target: "keel_host::call", "setup"))
         .await;
+        self.meter.usage.set_up(started, Instant::now());
         // A component that failed to instantiate is counted as having burnt
         // all it was given: rare, and never in the guest's favour.
-        self.meter.settle(&reserved, sandbox.as_ref().map_or(0, Sandbox::fuel_left));
+        self.meter.settle(&reserved, sandbox.as_ref().ok());
         sandbox
     }
 }
@@ -811,6 +826,10 @@ impl Invocation for PluginInvocation {
         self.meter.batch = Some(fuel);
     }
 
+    fn usage(&self) -> Option<Arc<Usage>> {
+        Some(self.meter.usage.clone())
+    }
+
     async fn is_concurrency_safe(&mut self) -> bool {
         self.plan().await.concurrency_safe
     }
@@ -890,7 +909,7 @@ impl Invocation for PluginInvocation {
             let call = sandbox.tool.call(&mut sandbox.store, &this.input_text, &context);
             crate::load::sandbox::within(until, Box::pin(call)).await
         };
-        this.meter.settle(&reserved, sandbox.fuel_left());
+        this.meter.settle(&reserved, Some(&sandbox));
         match outcome {
             Err(_elapsed) => Err(sandbox.deadline_error()),
             Ok(Err(error)) => Err(sandbox.classify(&error, limits)),

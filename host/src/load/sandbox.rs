@@ -316,7 +316,7 @@ impl SandboxState {
             table: ResourceTable::new(),
             mounts,
             grant: Grant::ReadOnly,
-            limiter: CallLimiter { memory: usize::MAX, table_elements: usize::MAX, hit: None },
+            limiter: CallLimiter { memory: usize::MAX, table_elements: usize::MAX, hit: None, peak: 0 },
             plugin,
             progress: None,
             log: None,
@@ -491,10 +491,12 @@ impl StdoutStream for Capture {
 
 /// Enforces the memory and table caps and remembers which one was hit, so
 /// the trap that follows can be reported as that limit.
+/// It also keeps the largest size a memory was allowed to grow to.
 struct CallLimiter {
     memory: usize,
     table_elements: usize,
     hit: Option<LimitKind>,
+    peak: usize,
 }
 
 impl ResourceLimiter for CallLimiter {
@@ -508,6 +510,7 @@ impl ResourceLimiter for CallLimiter {
             self.hit = Some(LimitKind::Memory);
             return Ok(false);
         }
+        self.peak = self.peak.max(desired);
         Ok(true)
     }
 
@@ -582,7 +585,12 @@ impl Sandbox {
             table,
             mounts: mounts.clone(),
             grant,
-            limiter: CallLimiter { memory: limits.memory, table_elements: limits.table_elements, hit: None },
+            limiter: CallLimiter {
+                memory: limits.memory,
+                table_elements: limits.table_elements,
+                hit: None,
+                peak: 0,
+            },
             plugin,
             progress: None,
             log: None,
@@ -625,6 +633,12 @@ impl Sandbox {
             }
         };
         Ok(Sandbox { store, tool: Box::new(tool) })
+    }
+
+    /// The largest linear memory it has had, in bytes (its initial memory
+    /// included).
+    pub fn memory_peak(&self) -> u64 {
+        self.store.data().limiter.peak as u64
     }
 
     /// The filesystem access this sandbox was given.

@@ -4,11 +4,14 @@
 //! [permission rules](crate::permissions), and run it.
 
 use std::sync::Arc;
+use std::time::Instant;
 
 use serde_json::Value;
+use tracing::Instrument as _;
 
 use crate::batch::{ToolResult, ToolUse};
 use crate::content::{Content, ContentBlock};
+use crate::events::figures::{Outcome, Recorder, Step};
 use crate::limits::{BatchFuel, input_too_large};
 use crate::permissions::PendingCall;
 use crate::pool::{PoolEntry, ToolPool};
@@ -38,6 +41,21 @@ pub struct Prepared {
     /// The context its questions were asked under.
     context: Arc<Value>,
     invocation: Box<dyn Invocation>,
+    /// Its steps so far, for its figures.
+    pub(crate) recorder: Recorder,
+    /// Its `tracing` span, from planning to its result.
+    pub(crate) span: tracing::Span,
+}
+
+/// A finished call: its result, its change to the shared context, and its
+/// steps so far.
+pub(crate) struct Finished {
+    pub(crate) result: ToolResult,
+    pub(crate) modifier: Option<Value>,
+    pub(crate) recorder: Recorder,
+    pub(crate) span: tracing::Span,
+    /// Its tool.
+    pub(crate) entry: Arc<PoolEntry>,
 }
 
 /// Plan one call under `context`, the shared context as it is now: resolve
@@ -73,21 +91,38 @@ pub async fn prepare(
         return Err(fail(format!("Invalid input for {}: {reason}", spec.name)));
     }
     check_schema(entry, input).map_err(&fail)?;
-    let mut invocation = entry
-        .tool
-        .invoke(input.clone(), context.clone())
-        .await
-        .map_err(|error| fail(call_failed(&spec.name, &error)))?;
-    if let Some(fuel) = fuel {
-        invocation.share_batch_fuel(fuel.clone());
-    }
-    let concurrency_safe = invocation.is_concurrency_safe().await;
+    let span = tracing::info_span!(
+        target: "keel_host::call",
+        "call",
+        otel.name = %spec.name,
+        tool = %spec.name,
+        tool_use_id = %tool_use.id,
+    );
+    let mut recorder = Recorder::new(size as u64);
+    let started = Instant::now();
+    let questions = async {
+        let mut invocation = entry
+            .tool
+            .invoke(input.clone(), context.clone())
+            .await
+            .map_err(|error| fail(call_failed(&spec.name, &error)))?;
+        if let Some(fuel) = fuel {
+            invocation.share_batch_fuel(fuel.clone());
+        }
+        let concurrency_safe = invocation.is_concurrency_safe().await;
+        Ok((invocation, concurrency_safe))
+    };
+    let (invocation, concurrency_safe) = questions.instrument(step_span(&span, Step::Questions)).await?;
+    recorder.watch(invocation.usage());
+    recorder.record(Step::Questions, started);
     Ok(Prepared {
         id: tool_use.id.clone(),
         entry: entry.clone(),
         concurrency_safe,
         context: context.clone(),
         invocation,
+        recorder,
+        span,
     })
 }
 
@@ -108,9 +143,12 @@ impl Prepared {
     /// every answer given under the old context is forgotten, and whether it
     /// is concurrency-safe is asked again.
     pub(crate) async fn replan(&mut self, context: Arc<Value>) {
+        let started = Instant::now();
         self.invocation.set_context(context.clone());
         self.context = context;
-        self.concurrency_safe = self.invocation.is_concurrency_safe().await;
+        let asking = self.invocation.is_concurrency_safe();
+        self.concurrency_safe = asking.instrument(step_span(&self.span, Step::Questions)).await;
+        self.recorder.record(Step::Questions, started);
     }
 
     /// The tool's name (the real one, when the call used an alias).
@@ -120,61 +158,149 @@ impl Prepared {
 
     /// A short phrase for a progress display.
     pub async fn activity(&mut self) -> Option<String> {
-        self.invocation.activity_description().await
+        let started = Instant::now();
+        let asking = self.invocation.activity_description();
+        let activity = asking.instrument(step_span(&self.span, Step::Questions)).await;
+        self.recorder.record(Step::Questions, started);
+        activity
     }
 
     /// At the call's turn: the tool's own validation, then its permission
     /// check (only when validation passed) and the host's rules, then the
     /// call itself. An interrupt stops a `cancel` call; a `block` call runs
     /// to its end.
-    pub async fn run(
-        self,
-        pool: &ToolPool,
-        cx: CallContext,
-        interrupt: &Interrupt,
-    ) -> (ToolResult, Option<Value>) {
-        let Prepared { id, entry, mut invocation, context, .. } = self;
-        let fail = |message: String| (ToolResult::error(&id, message), None);
-        let spec = entry.tool.spec();
-        let name = &spec.name;
-        // The questions below see the context the call runs with, whoever
-        // started it.
-        if !same_context(&context, &cx.context) {
-            invocation.set_context(cx.context.clone());
-        }
-        if let Err(reason) = invocation.validate_input().await {
-            return fail(format!("Invalid input for {name}: {reason}"));
-        }
-        let tool_asks = match invocation.check_permissions().await {
-            PermissionDecision::Allow(None) => None,
-            PermissionDecision::Allow(Some(updated)) => {
-                if let Err(reason) = check_schema(&entry, &updated) {
-                    return fail(reason);
+    pub(crate) async fn run(self, pool: &ToolPool, cx: CallContext, interrupt: &Interrupt) -> Finished {
+        let Prepared { id, entry, invocation, context, mut recorder, span, .. } = self;
+        let (result, modifier) = {
+            let steps = Steps { recorder: &mut recorder, span: &span };
+            match run_steps(pool, &id, &entry, invocation, &context, cx, interrupt, steps).await {
+                Ok((result, modifier)) => (result, modifier),
+                Err((outcome, message)) => {
+                    recorder.outcome = outcome;
+                    (ToolResult::error(&id, message), None)
                 }
-                invocation.set_input(updated);
-                None
             }
-            PermissionDecision::Deny(message) => {
-                return fail(format!("Permission to use {name} denied: {message}"));
-            }
-            PermissionDecision::Ask(message) => Some(message),
         };
-        if let Err(message) = authorize(pool, &id, spec, &mut *invocation, tool_asks, interrupt).await {
-            return fail(message);
-        }
-        let call = invocation.call(cx);
-        let outcome = match spec.interrupt {
-            InterruptBehavior::Block => call.await,
-            InterruptBehavior::Cancel => tokio::select! {
-                outcome = call => outcome,
-                () = interrupt.interrupted() => return fail(STOPPED.into()),
-            },
-        };
-        match outcome.and_then(|output| result_of(&entry, &id, output)) {
-            Ok(ran) => ran,
-            Err(error) => fail(call_failed(name, &error)),
-        }
+        Finished { result, modifier, recorder, span, entry }
     }
+}
+
+/// Where a running call's steps are recorded and traced.
+struct Steps<'a> {
+    recorder: &'a mut Recorder,
+    span: &'a tracing::Span,
+}
+
+impl Steps<'_> {
+    /// Run `step`, timed and inside a span of its own.
+    async fn time<T>(&mut self, step: Step, work: impl Future<Output = T>) -> T {
+        let started = Instant::now();
+        let output = work.instrument(step_span(self.span, step)).await;
+        self.recorder.record(step, started);
+        output
+    }
+}
+
+/// The span of one step of a call, a child of the call's span, made by the
+/// subscriber that made the call's (the step may run on a thread whose
+/// default subscriber is another, which knows no such parent).
+pub(crate) fn step_span(call: &tracing::Span, step: Step) -> tracing::Span {
+    let make = || match step {
+        Step::Questions => tracing::info_span!(target: "keel_host::call", parent: call, "questions"),
+        Step::Setup => tracing::info_span!(target: "keel_host::call", parent: call, "setup"),
+        Step::Permission => tracing::info_span!(target: "keel_host::call", parent: call, "permission"),
+        Step::Call => tracing::info_span!(target: "keel_host::call", parent: call, "tool_call"),
+        Step::Budget => tracing::info_span!(target: "keel_host::call", parent: call, "budget"),
+    };
+    call.with_subscriber(|(_, dispatch)| tracing::dispatcher::with_default(dispatch, make))
+        .unwrap_or_else(tracing::Span::none)
+}
+
+/// [`Prepared::run`]'s steps; an `Err` is how the call ended and its
+/// result's text.
+#[allow(clippy::too_many_arguments)]
+async fn run_steps(
+    pool: &ToolPool,
+    id: &str,
+    entry: &PoolEntry,
+    mut invocation: Box<dyn Invocation>,
+    context: &Arc<Value>,
+    cx: CallContext,
+    interrupt: &Interrupt,
+    mut steps: Steps<'_>,
+) -> Result<(ToolResult, Option<Value>), (Outcome, String)> {
+    let spec = entry.tool.spec();
+    let name = &spec.name;
+    let decision = steps
+        .time(Step::Questions, async {
+            // The questions below see the context the call runs with,
+            // whoever started it.
+            if !same_context(context, &cx.context) {
+                invocation.set_context(cx.context.clone());
+            }
+            if let Err(reason) = invocation.validate_input().await {
+                return Err((Outcome::Invalid, format!("Invalid input for {name}: {reason}")));
+            }
+            Ok(invocation.check_permissions().await)
+        })
+        .await?;
+    let tool_asks = match decision {
+        PermissionDecision::Allow(None) => None,
+        PermissionDecision::Allow(Some(updated)) => {
+            check_schema(entry, &updated).map_err(|reason| (Outcome::Invalid, reason))?;
+            invocation.set_input(updated);
+            None
+        }
+        PermissionDecision::Deny(message) => {
+            return Err((Outcome::Denied, format!("Permission to use {name} denied: {message}")));
+        }
+        PermissionDecision::Ask(message) => Some(message),
+    };
+    steps
+        .time(Step::Permission, authorize(pool, id, spec, &mut *invocation, tool_asks, interrupt))
+        .await
+        .map_err(|message| {
+            let outcome = if message == NOT_STARTED { Outcome::Interrupted } else { Outcome::Denied };
+            (outcome, message)
+        })?;
+    let call = invocation.call(cx);
+    let outcome = steps
+        .time(Step::Call, async {
+            match spec.interrupt {
+                InterruptBehavior::Block => Some(call.await),
+                InterruptBehavior::Cancel => tokio::select! {
+                    outcome = call => Some(outcome),
+                    () = interrupt.interrupted() => None,
+                },
+            }
+        })
+        .await
+        .ok_or((Outcome::Interrupted, STOPPED.to_owned()))?;
+    let output = outcome.map_err(|error| (outcome_of(&error), call_failed(name, &error)))?;
+    steps.recorder.bytes_out = output_size(&output);
+    result_of(entry, id, output).map_err(|error| (outcome_of(&error), call_failed(name, &error)))
+}
+
+/// How a call that failed with `error` ended.
+fn outcome_of(error: &CallError) -> Outcome {
+    match error {
+        CallError::Tool(_) => Outcome::Error,
+        CallError::Limit { .. } => Outcome::Limit,
+        CallError::Trap(_) | CallError::Contract(_) | CallError::Host(_) => Outcome::Crashed,
+    }
+}
+
+/// The bytes of an output's text and images.
+fn output_size(output: &CallOutput) -> u64 {
+    let blocks: usize = output
+        .content
+        .iter()
+        .map(|block| match block {
+            ContentBlock::Text(text) => text.len(),
+            ContentBlock::Image(image) => image.data.len(),
+        })
+        .sum();
+    blocks as u64
 }
 
 /// A call's output as its result: every image checked against its media

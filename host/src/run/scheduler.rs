@@ -5,18 +5,21 @@
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
 
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tracing::Instrument as _;
 
 use crate::batch::{ToolResult, ToolUse};
 use crate::budget::ledger::Ledger;
 use crate::budget::{Budget, Threshold};
 use crate::events::Event;
+use crate::events::figures::Step;
 use crate::events::summary::{self, Summarizer, SummaryCall};
 use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
-use crate::run::call::{self, NOT_STARTED, PLANNING_PANICKED, Prepared, RUN_PANICKED};
+use crate::run::call::{self, Finished, NOT_STARTED, PLANNING_PANICKED, Prepared, RUN_PANICKED};
 use crate::run::context;
 use crate::run::interrupt::Interrupt;
 use crate::run::partition::{Admission, partition};
@@ -105,28 +108,30 @@ pub(crate) enum Events {
     Channel(mpsc::UnboundedSender<Event>),
     /// To a function, called as each event happens.
     Sink(Arc<dyn Fn(Event) + Send + Sync>),
-    /// To a function, only what a running tool reports itself: progress, log
-    /// lines and refused requests ([`Event::is_report`]).
-    Reports(Arc<dyn Fn(Event) + Send + Sync>),
+    /// To a function, only what a running tool reports itself (progress,
+    /// log lines and refused requests: [`Event::is_report`]) and each call's
+    /// start, without its activity, and end, with its figures.
+    Lean(Arc<dyn Fn(Event) + Send + Sync>),
     /// Nowhere: nobody reads them.
     Nobody,
 }
 
 impl Events {
-    /// Whether nobody reads the events of a call's course (any more): its
-    /// start, with the activity the tool is asked for, its end and its
-    /// result. A reader of reports alone reads none of them.
+    /// Whether nobody reads the whole course of a call (any more): its
+    /// start with the activity the tool is asked for, and its result. A
+    /// lean reader reads neither.
     fn is_closed(&self) -> bool {
         match self {
             Events::Channel(sender) => sender.is_closed(),
             Events::Sink(_) => false,
-            Events::Reports(_) | Events::Nobody => true,
+            Events::Lean(_) | Events::Nobody => true,
         }
     }
 
-    /// Whether anyone reads what a running tool reports.
+    /// Whether anyone reads what a running tool reports, and when each call
+    /// starts and ends.
     fn reads_reports(&self) -> bool {
-        matches!(self, Events::Reports(_)) || !self.is_closed()
+        matches!(self, Events::Lean(_)) || !self.is_closed()
     }
 }
 
@@ -137,8 +142,13 @@ pub(crate) fn emit(events: &Events, event: Event) {
             let _ = sender.send(event);
         }
         Events::Sink(sink) => sink(event),
-        Events::Reports(sink) if event.is_report() => sink(event),
-        Events::Reports(_) | Events::Nobody => {}
+        Events::Lean(sink)
+            if event.is_report()
+                || matches!(event, Event::CallStarted { .. } | Event::CallFinished { .. }) =>
+        {
+            sink(event)
+        }
+        Events::Lean(_) | Events::Nobody => {}
     }
 }
 
@@ -150,8 +160,9 @@ fn emit_with(events: &Events, event: impl FnOnce() -> Event) {
     }
 }
 
-/// [`emit`] a report of a running tool, built only when someone listens.
-fn emit_report_with(events: &Events, event: impl FnOnce() -> Event) {
+/// [`emit`] an event a lean reader reads too (a report of a running tool,
+/// a call's start or end), built only when someone listens.
+fn emit_lean_with(events: &Events, event: impl FnOnce() -> Event) {
     if events.reads_reports() {
         emit(events, event());
     }
@@ -633,10 +644,10 @@ impl Ran {
     }
 }
 
-/// Run one planned call (or pass on its planning failure), and hold its
-/// result to its tool's budget: every call's step from its turn to its
-/// result, in a batch or in a stream of calls arriving one by one
-/// ([`crate::Arrival::run`]).
+/// Run one planned call (or pass on its planning failure), hold its result
+/// to its tool's budget, and send `call_finished` with the call's figures:
+/// every call's step from its turn to its result, in a batch or in a stream
+/// of calls arriving one by one ([`crate::Arrival::run`]).
 pub(crate) async fn run_call(
     pool: &ToolPool,
     call: Result<Prepared, ToolResult>,
@@ -646,38 +657,51 @@ pub(crate) async fn run_call(
     interrupt: &Interrupt,
 ) -> Ran {
     // A call that failed planning produced no output to hold.
-    let threshold =
-        call.as_ref().map_or_else(|_| Threshold::default(), |call| budget.threshold(call.entry.tool.spec()));
-    let (result, modifier) = run_one(pool, call, context, events, interrupt).await;
-    Ran { result: budget.per_tool(result, threshold).await, modifier, threshold }
+    let call = match call {
+        Ok(call) => call,
+        Err(result) => return Ran { result, modifier: None, threshold: Threshold::default() },
+    };
+    let threshold = budget.threshold(call.entry.tool.spec());
+    let Finished { result, modifier, mut recorder, span, entry } =
+        match run_one(pool, call, context, events, interrupt).await {
+            Ok(finished) => finished,
+            Err(result) => return Ran { result, modifier: None, threshold },
+        };
+    let started = Instant::now();
+    let result = budget.per_tool(result, threshold).instrument(call::step_span(&span, Step::Budget)).await;
+    recorder.record(Step::Budget, started);
+    emit_lean_with(events, || Event::CallFinished {
+        tool_use_id: result.tool_use_id.clone(),
+        is_error: result.is_error,
+        figures: Some(Box::new(recorder.figures(&entry.tool.spec().name))),
+    });
+    Ran { result, modifier, threshold }
 }
 
+/// Run a planned call from its start; an `Err` is the result of a call an
+/// interrupt kept from starting.
 async fn run_one(
     pool: &ToolPool,
-    call: Result<Prepared, ToolResult>,
+    mut call: Prepared,
     context: Arc<Value>,
     events: &Events,
     interrupt: &Interrupt,
-) -> (ToolResult, Option<Value>) {
-    let mut call = match call {
-        Ok(call) => call,
-        Err(result) => return (result, None),
-    };
+) -> Result<Finished, ToolResult> {
     if interrupt.is_interrupted() {
-        return (ToolResult::error(&call.id, NOT_STARTED), None);
+        return Err(ToolResult::error(&call.id, NOT_STARTED));
     }
     let id = call.id.clone();
-    // Only an event reader shows the activity: without one, spare the guest
-    // the question.
+    // Only a reader of the whole course shows the activity: without one,
+    // spare the guest the question.
     let activity = if events.is_closed() { None } else { call.activity().await };
-    emit_with(events, || Event::CallStarted {
+    emit_lean_with(events, || Event::CallStarted {
         tool_use_id: id.clone(),
         tool: call.name().to_owned(),
         activity,
     });
     let (progress_events, progress_id) = (events.clone(), id.clone());
     let (refusal_events, refusal_id) = (events.clone(), id.clone());
-    let (log_events, log_id) = (events.clone(), id.clone());
+    let (log_events, log_id) = (events.clone(), id);
     let cx = CallContext {
         context,
         progress: Arc::new(move |data| {
@@ -695,16 +719,14 @@ async fn run_one(
             );
         }),
         log: Arc::new(move |level, message| {
-            emit_report_with(&log_events, || Event::ToolLog {
+            emit_lean_with(&log_events, || Event::ToolLog {
                 tool_use_id: log_id.clone(),
                 level,
                 message: message.to_owned(),
             });
         }),
     };
-    let (result, modifier) = call.run(pool, cx, interrupt).await;
-    emit_with(events, || Event::CallFinished { tool_use_id: id, is_error: result.is_error });
-    (result, modifier)
+    Ok(call.run(pool, cx, interrupt).await)
 }
 
 /// Results as they finish, released in the batch's order: a finished call

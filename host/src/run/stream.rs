@@ -186,11 +186,13 @@ impl EventSink {
         EventSink(Events::Sink(sink))
     }
 
-    /// Only what the running tool reports ([`Event::is_report`]): the tool
-    /// is not asked for its activity, and no other event is built. What a
-    /// server that forwards progress to its client needs.
-    pub fn reports(sink: std::sync::Arc<dyn Fn(Event) + Send + Sync>) -> Self {
-        EventSink(Events::Reports(sink))
+    /// Only what the running tool reports ([`Event::is_report`]), and each
+    /// call's `call_started` (without its activity: the tool is not asked
+    /// for it) and `call_finished` with its figures; no `tool_result` is
+    /// built. What a server that forwards progress to its client, or counts
+    /// its calls, needs.
+    pub fn lean(sink: std::sync::Arc<dyn Fn(Event) + Send + Sync>) -> Self {
+        EventSink(Events::Lean(sink))
     }
 }
 
@@ -218,9 +220,9 @@ impl Arrival {
     /// and the result budgets, with the result as a message of its own.
     /// The call's batch fuel allowance is its own. `events`, when given,
     /// gets `call_started`, each `progress` the moment the tool reports it,
-    /// `call_finished` and `tool_result`, or only the reports
-    /// ([`EventSink::reports`]); unless it gets them all, the tool is not
-    /// asked for its activity.
+    /// `call_finished` with the call's figures and `tool_result`, or the
+    /// lean part of them ([`EventSink::lean`]); unless it gets them all, the
+    /// tool is not asked for its activity.
     ///
     /// An interrupt before the call starts means it never starts; while it
     /// runs, it stops a call whose tool's interrupt behaviour is `cancel`,

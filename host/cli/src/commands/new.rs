@@ -225,7 +225,7 @@ fn fixture(name: &str) -> (String, String, String) {
             tool: name.into(),
             activity: None,
         });
-        events.push(Event::CallFinished { tool_use_id, is_error: result.is_error });
+        events.push(Event::CallFinished { tool_use_id, is_error: result.is_error, figures: None });
         events.push(Event::tool_result(result));
     }
     events.push(Event::BatchFinished { calls: results.len(), errors: 1, interrupted: false });

@@ -178,7 +178,7 @@ impl LiveProgress {
                     bar.println(format!("refused {method} {url}: {reason}"));
                 }
             }
-            Event::CallFinished { tool_use_id, is_error } => {
+            Event::CallFinished { tool_use_id, is_error, .. } => {
                 if let Some(bar) = running.remove(tool_use_id) {
                     bar.finish_with_message(if *is_error { "failed" } else { "done" });
                 }

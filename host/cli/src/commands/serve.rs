@@ -265,7 +265,7 @@ impl Server {
         let sink = if self.events.is_some() {
             Some(EventSink::every(Arc::new(forward)))
         } else if progress.is_some() || log.is_some() {
-            Some(EventSink::reports(Arc::new(forward)))
+            Some(EventSink::lean(Arc::new(forward)))
         } else {
             None
         };
