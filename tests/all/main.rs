@@ -7,6 +7,7 @@ mod cache;
 mod content;
 mod context;
 mod contract;
+mod figures;
 mod fuzz;
 mod grants;
 mod hostile;
