@@ -34,8 +34,8 @@ fn hash(id: &str, repeat: u64) -> ToolUse {
 fn hashing_twice_the_bytes_burns_about_twice_the_fuel() {
     let workspace = tempfile::tempdir().unwrap();
     let limits = Limits::default();
-    let host = crate::block_on(host_of(workspace.path(), &["keel_tool_hash"]).limits(limits.clone()).build())
-        .unwrap();
+    let host =
+        crate::block_on(host_of(workspace.path(), &["keel_tool_hash"]).limits(limits).build()).unwrap();
     // 1 KiB repeated: 1 MiB, then 2 MiB, made and hashed inside the guest.
     let (events, results, _) = events_of(&host, vec![hash("one", 1024), hash("two", 2048)]);
     assert!(results.iter().all(|result| !result.is_error), "{results:?}");
