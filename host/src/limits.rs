@@ -3,7 +3,8 @@
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::Duration;
+use std::sync::{Mutex, PoisonError};
+use std::time::{Duration, Instant};
 
 use serde::Serialize;
 
@@ -238,6 +239,52 @@ pub fn human_bytes(bytes: usize) -> String {
         b if b >= 1 << 20 && b % (1 << 20) == 0 => format!("{} MiB", b >> 20),
         b if b >= 1 << 10 && b % (1 << 10) == 0 => format!("{} KiB", b >> 10),
         b => format!("{b} B"),
+    }
+}
+
+/// What a call's sandboxes used, shared by the tool that runs them
+/// ([`Invocation::usage`](crate::tool::Invocation::usage)) and the host
+/// that reports it: updated as the call goes, read once it ended.
+#[derive(Debug, Default)]
+pub struct Usage {
+    fuel: AtomicU64,
+    memory_peak: AtomicU64,
+    setups: Mutex<Vec<(Instant, Instant)>>,
+}
+
+impl Usage {
+    /// A new, shared record of nothing used.
+    pub fn shared() -> Arc<Usage> {
+        Arc::default()
+    }
+
+    /// `fuel` more was burnt.
+    pub fn burnt(&self, fuel: u64) {
+        self.fuel.fetch_add(fuel, Ordering::Relaxed);
+    }
+
+    /// A sandbox's linear memory grew to `bytes`.
+    pub fn memory(&self, bytes: u64) {
+        self.memory_peak.fetch_max(bytes, Ordering::Relaxed);
+    }
+
+    /// A sandbox was set up from `start` to `end`.
+    pub fn set_up(&self, start: Instant, end: Instant) {
+        self.setups.lock().unwrap_or_else(PoisonError::into_inner).push((start, end));
+    }
+
+    /// Fuel burnt so far.
+    pub fn fuel(&self) -> u64 {
+        self.fuel.load(Ordering::Relaxed)
+    }
+
+    /// The largest linear memory so far, in bytes.
+    pub fn memory_peak(&self) -> u64 {
+        self.memory_peak.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn take_setups(&self) -> Vec<(Instant, Instant)> {
+        std::mem::take(&mut *self.setups.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 

@@ -13,8 +13,7 @@ use serde::Serialize;
 use serde_json::Value;
 
 use crate::content::ContentBlock;
-use crate::events::figures::Usage;
-use crate::limits::{BatchFuel, LimitKind};
+use crate::limits::{BatchFuel, LimitKind, Usage};
 
 /// Everything about a tool that does not depend on its input, read once.
 #[derive(Clone, Debug, Serialize)]

@@ -7,11 +7,12 @@
 //! up, and a trace of one server can be laid beside another's.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, OnceLock};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
+
+use crate::limits::Usage;
 
 /// Now, in microseconds since the Unix epoch: the wall clock read once per
 /// process, advanced by a monotonic clock, so it never goes back.
@@ -173,52 +174,6 @@ impl CallFigures {
     /// When its last step ended.
     pub fn end_us(&self) -> u64 {
         self.steps.last().map_or(0, StepTime::end_us)
-    }
-}
-
-/// What a call's sandboxes used, shared by the tool that runs them
-/// ([`Invocation::usage`](crate::tool::Invocation::usage)) and the host
-/// that reports it: updated as the call goes, read once it ended.
-#[derive(Debug, Default)]
-pub struct Usage {
-    fuel: AtomicU64,
-    memory_peak: AtomicU64,
-    setups: Mutex<Vec<(Instant, Instant)>>,
-}
-
-impl Usage {
-    /// A new, shared record of nothing used.
-    pub fn shared() -> Arc<Usage> {
-        Arc::default()
-    }
-
-    /// `fuel` more was burnt.
-    pub fn burnt(&self, fuel: u64) {
-        self.fuel.fetch_add(fuel, Ordering::Relaxed);
-    }
-
-    /// A sandbox's linear memory grew to `bytes`.
-    pub fn memory(&self, bytes: u64) {
-        self.memory_peak.fetch_max(bytes, Ordering::Relaxed);
-    }
-
-    /// A sandbox was set up from `start` to `end`.
-    pub fn set_up(&self, start: Instant, end: Instant) {
-        self.setups.lock().unwrap_or_else(PoisonError::into_inner).push((start, end));
-    }
-
-    /// Fuel burnt so far.
-    pub fn fuel(&self) -> u64 {
-        self.fuel.load(Ordering::Relaxed)
-    }
-
-    /// The largest linear memory so far, in bytes.
-    pub fn memory_peak(&self) -> u64 {
-        self.memory_peak.load(Ordering::Relaxed)
-    }
-
-    fn take_setups(&self) -> Vec<(Instant, Instant)> {
-        std::mem::take(&mut *self.setups.lock().unwrap_or_else(PoisonError::into_inner))
     }
 }
 

@@ -15,8 +15,7 @@ use crate::contract::{
     DEFAULT_MAX_RESULT_SIZE_CHARS, GUEST_INTERFACE, SUPPORTED_CONTRACT_VERSIONS, WORKSPACE_MOUNT,
 };
 use crate::error::{Error, Result};
-use crate::events::figures::Usage;
-use crate::limits::{BatchFuel, LimitKind, Limits, units};
+use crate::limits::{BatchFuel, LimitKind, Limits, Usage, units};
 use crate::load::bindings::{self, GuestPre, Version};
 use crate::load::engine::{Identity, Runtime};
 use crate::load::grants::{Grants, PluginGrant};
