@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 
 mod commands;
 mod prompter;
+mod telemetry;
 
 /// Sandboxes are made on one worker thread and often dropped on another:
 /// glibc malloc takes the first thread's arena lock for such a free, so two
@@ -56,8 +57,8 @@ fn main() -> ExitCode {
         // SAFETY: no other thread has started yet.
         unsafe { std::env::set_var("RUST_LIB_BACKTRACE", "0") };
     }
-    init_logging();
     let cli = Cli::parse();
+    let telemetry = telemetry::init();
     let result = match cli.command {
         Command::Bench(args) => commands::bench::run(&args, started),
         Command::Run(args) => commands::run::run(&args),
@@ -70,6 +71,8 @@ fn main() -> ExitCode {
         Command::Publish(args) => commands::publish::run(&args),
         Command::Cache(args) => commands::cache::run(&args),
     };
+    // Before the process exits, so no span of the command is lost.
+    telemetry.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
@@ -77,12 +80,4 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
-}
-
-/// Logs go to stderr, so stdout carries only the command's output. The level
-/// comes from `KEEL_LOG` (as in `RUST_LOG`); warnings by default.
-fn init_logging() {
-    let filter = tracing_subscriber::EnvFilter::try_from_env("KEEL_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).with_target(false).init();
 }

@@ -1,0 +1,134 @@
+//! Logs to stderr and, when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+//! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, the library's spans over
+//! OTLP/HTTP (README, Observability).
+//!
+//! The library makes the spans (a "call" span per planned call, named after
+//! its tool, with a child per step); this module only ships them. The
+//! exporter runs on a thread of its own behind a batch span processor, so a
+//! call never waits on the collector; a collector that is down or slow costs
+//! a logged error, never the run. [`Telemetry::shutdown`] sends what is left
+//! before the process exits.
+
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
+
+/// What must outlive the command: the span exporter, when there is one.
+pub struct Telemetry {
+    #[cfg(feature = "otlp")]
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Telemetry {
+    /// Send the spans not yet sent and stop the exporter. Bounded by the
+    /// exporter's timeout (`OTEL_EXPORTER_OTLP_TIMEOUT`, 10 s by default).
+    pub fn shutdown(self) {
+        #[cfg(feature = "otlp")]
+        if let Some(provider) = self.provider
+            && let Err(error) = provider.shutdown()
+        {
+            tracing::warn!("failed to send the last spans over OTLP: {error}");
+        }
+    }
+}
+
+/// Logs go to stderr, so stdout carries only the command's output. The level
+/// comes from `KEEL_LOG` (as in `RUST_LOG`); warnings by default. Spans go
+/// over OTLP whatever that level, when an endpoint is set.
+pub fn init() -> Telemetry {
+    let filter = EnvFilter::try_from_env("KEEL_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
+    let registry = tracing_subscriber::registry().with(logs.with_filter(filter));
+    #[cfg(feature = "otlp")]
+    {
+        let (provider, error) = match otlp::exporter() {
+            Ok(provider) => (provider, None),
+            Err(error) => (None, Some(error)),
+        };
+        let layer = provider.as_ref().map(otlp::layer);
+        registry.with(layer).init();
+        // Said once logging is up; the command runs without export.
+        if let Some(error) = error {
+            tracing::warn!("spans are not exported: {error}");
+        }
+        Telemetry { provider }
+    }
+    #[cfg(not(feature = "otlp"))]
+    {
+        registry.init();
+        Telemetry {}
+    }
+}
+
+#[cfg(feature = "otlp")]
+mod otlp {
+    use opentelemetry::trace::TracerProvider as _;
+    use opentelemetry_otlp::{Protocol, WithExportConfig as _};
+    use opentelemetry_sdk::Resource;
+    use opentelemetry_sdk::trace::SdkTracerProvider;
+    use tracing_subscriber::Layer as _;
+    use tracing_subscriber::filter::{LevelFilter, Targets};
+
+    /// The variables that turn export on, as the OpenTelemetry
+    /// specification names them.
+    const ENDPOINTS: [&str; 2] = ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"];
+
+    /// The provider whose batch processor sends spans to the configured
+    /// endpoint; `None` when no endpoint is set.
+    pub fn exporter() -> Result<Option<SdkTracerProvider>, String> {
+        if !ENDPOINTS.iter().any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty())) {
+            return Ok(None);
+        }
+        // An https endpoint needs a TLS provider; the one keel's other
+        // clients use. Already installed is fine.
+        let _ = rustls::crypto::ring::default_provider().install_default();
+        let exporter = opentelemetry_otlp::SpanExporter::builder()
+            .with_http()
+            .with_protocol(protocol())
+            .build()
+            .map_err(|error| format!("failed to build the OTLP exporter: {error}"))?;
+        Ok(Some(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource()).build()))
+    }
+
+    /// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` or `OTEL_EXPORTER_OTLP_PROTOCOL`:
+    /// `http/protobuf` (the default) or `http/json`. keel has no gRPC
+    /// exporter: asking for one is said, and protobuf over HTTP used.
+    fn protocol() -> Protocol {
+        let asked =
+            ["OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "OTEL_EXPORTER_OTLP_PROTOCOL"].iter().find_map(|name| {
+                std::env::var(name).ok().filter(|value| !value.is_empty()).map(|value| (name, value))
+            });
+        match asked {
+            None => Protocol::HttpBinary,
+            Some((_, value)) if value.eq_ignore_ascii_case("http/protobuf") => Protocol::HttpBinary,
+            Some((_, value)) if value.eq_ignore_ascii_case("http/json") => Protocol::HttpJson,
+            Some((name, value)) => {
+                eprintln!("keel: {name}={value} is not supported: spans go as http/protobuf");
+                Protocol::HttpBinary
+            }
+        }
+    }
+
+    /// The SDK's resource (`OTEL_SERVICE_NAME`, `OTEL_RESOURCE_ATTRIBUTES`),
+    /// with `service.name` `keel` unless those name one.
+    fn resource() -> Resource {
+        let named = std::env::var_os("OTEL_SERVICE_NAME").is_some_and(|value| !value.is_empty())
+            || std::env::var("OTEL_RESOURCE_ATTRIBUTES").is_ok_and(|attributes| {
+                attributes.split(',').any(|pair| pair.trim().starts_with("service.name="))
+            });
+        let builder = Resource::builder();
+        if named { builder.build() } else { builder.with_service_name("keel").build() }
+    }
+
+    /// The layer that turns the library's spans into OpenTelemetry spans:
+    /// `keel_host` spans at INFO and above, whatever `KEEL_LOG` says, and
+    /// nothing else (not the exporter's own HTTP client).
+    pub fn layer<S>(provider: &SdkTracerProvider) -> impl tracing_subscriber::Layer<S>
+    where
+        S: tracing::Subscriber + for<'span> tracing_subscriber::registry::LookupSpan<'span>,
+    {
+        let tracer = provider.tracer("keel");
+        let spans = Targets::new().with_target("keel_host", LevelFilter::INFO);
+        tracing_opentelemetry::layer().with_tracer(tracer).with_filter(spans)
+    }
+}
