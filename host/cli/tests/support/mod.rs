@@ -4,6 +4,7 @@
 
 #![allow(dead_code, reason = "each test binary uses part of it")]
 
+pub mod http;
 pub mod registry;
 
 use std::io::{BufRead as _, BufReader, Read as _};
@@ -24,6 +25,8 @@ pub struct Serving {
     pub url: String,
     /// `127.0.0.1:PORT`.
     pub addr: SocketAddr,
+    /// Where it serves `/metrics` alone, with `--metrics-addr`.
+    pub metrics: Option<SocketAddr>,
 }
 
 impl Drop for Serving {
@@ -59,8 +62,13 @@ pub fn serve_with(workspace: &Path, plugins: &[PathBuf], flags: &[&str]) -> Serv
     let mut command = command(workspace, plugins, &[&["--http", "127.0.0.1:0"], flags].concat());
     let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut metrics = None;
     let url = loop {
         let line = lines.next().expect("keel serve names its address before it stops").unwrap();
+        if let Some(rest) = line.strip_prefix("keel: serving metrics on ") {
+            let addr = rest.trim_start_matches("http://").trim_end_matches("/metrics");
+            metrics = Some(addr.parse().expect("an address in the metrics URL"));
+        }
         if let Some(rest) = line.strip_prefix("keel: serving MCP on ") {
             break rest.to_string();
         }
@@ -69,7 +77,7 @@ pub fn serve_with(workspace: &Path, plugins: &[PathBuf], flags: &[&str]) -> Serv
         url.trim_start_matches("http://").trim_end_matches("/mcp").parse().expect("an address in the URL");
     // Drain the rest, so the child never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
-    Serving { child, url, addr }
+    Serving { child, url, addr, metrics }
 }
 
 /// Run `command` to its end, killing it after `limit`; a failure to start
