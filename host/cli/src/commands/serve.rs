@@ -19,6 +19,7 @@ mod approval;
 mod arrivals;
 mod forward;
 mod http;
+mod metrics;
 mod oversized;
 mod reload;
 
@@ -59,6 +60,8 @@ pub struct ServeArgs {
     events: Option<PathBuf>,
     #[command(flatten)]
     http: http::HttpArgs,
+    #[command(flatten)]
+    metrics: metrics::MetricsArgs,
 }
 
 /// Build the host from the flags and `keel.toml`, then answer MCP requests
@@ -90,13 +93,21 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         let (_, grants) = first.resolve_grants()?;
         let limits = first.resolve_limits();
         let runtime = Arc::new(args.host.runtime(&limits, first.cache())?);
-        let plugins = reload::Plugins::load(args.host.plugin_paths()?, runtime, grants, limits).await?;
+        // Every server over HTTP counts its calls; one on stdio only when
+        // asked to serve them.
+        let metrics = (args.http.http.is_some() || args.metrics.metrics_addr.is_some())
+            .then(|| Arc::new(metrics::Metrics::new()));
+        let mut plugins = reload::Plugins::load(args.host.plugin_paths()?, runtime, grants, limits).await?;
+        if let Some(metrics) = &metrics {
+            metrics.plugins_loaded(plugins.tools().len());
+            plugins.count_in(metrics.clone());
+        }
         let host = first.plugin_tools(plugins.tools()).build().await?;
         let events = match &args.events {
             Some(path) => Some(EventLog::create(path)?),
             None => None,
         };
-        let server = Server::new(host, events, asker);
+        let server = Server::new(host, events, asker, metrics.clone());
         let watched = server.clone();
         tokio::spawn(reload::watch(
             plugins,
@@ -106,8 +117,16 @@ pub fn run(args: &ServeArgs) -> Result<()> {
                 async move { server.reloaded(host).await }
             },
         ));
+        let endpoint = metrics.map(|metrics| metrics::Endpoint::new(metrics, server.live.clone()));
+        if let (Some(endpoint), Some(addr)) = (&endpoint, args.metrics.metrics_addr) {
+            let hosts = http::allowed_hosts(&args.http.allow_hosts).into();
+            metrics::serve(endpoint.clone(), addr, hosts).await?;
+        }
         if let Some(addr) = args.http.http {
-            return http::serve(server, addr, &args.http).await;
+            // `/metrics` on the MCP listener, behind its token, unless it
+            // has a listener of its own.
+            let endpoint = endpoint.filter(|_| args.metrics.metrics_addr.is_none());
+            return http::serve(server, addr, &args.http, endpoint).await;
         }
         let (stdin, stdout) = rmcp::transport::stdio_pipes();
         let stdin = oversized::BoundedLines::new(stdin, oversized::MAX_MESSAGE_BYTES);
@@ -146,16 +165,31 @@ pub struct Live {
     tools: Arc<[rmcp::model::Tool]>,
     /// Kept for as long as calls of this version run.
     _host: Host,
+    /// Told the results this version persisted, once it is gone.
+    metrics: Option<Arc<metrics::Metrics>>,
 }
 
 impl Live {
-    fn new(host: Host, context: serde_json::Value) -> Self {
+    fn new(host: Host, context: serde_json::Value, metrics: Option<Arc<metrics::Metrics>>) -> Self {
         // Off the path of any call: the first call of a plugin then neither
         // loads its code nor finds its pool slot cold.
         tokio::spawn(host.warm_up());
         let tools = mcp_tools(&host).into();
         let stream = host.stream(context);
-        Live { stream, tools, _host: host }
+        Live { stream, tools, _host: host, metrics }
+    }
+
+    /// The real name of the tool `name` calls, by its name or an alias.
+    fn tool_name(&self, name: &str) -> Option<&str> {
+        self._host.pool().get(name).map(|entry| entry.tool.spec().name.as_str())
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        if let Some(metrics) = &self.metrics {
+            metrics.retire(self._host.results_persisted());
+        }
     }
 }
 
@@ -189,6 +223,8 @@ struct Server {
     /// The clients to tell when the tool list changes.
     peers: Arc<Mutex<Vec<Peer<RoleServer>>>>,
     events: Option<Arc<EventLog>>,
+    /// What `/metrics` shows, when it is served.
+    metrics: Option<Arc<metrics::Metrics>>,
     /// Who a call that needs approval asks.
     prompter: approval::ClientPrompter,
     /// The least level of tool log lines this client asked to be sent
@@ -197,11 +233,17 @@ struct Server {
 }
 
 impl Server {
-    fn new(host: Host, events: Option<EventLog>, prompter: approval::ClientPrompter) -> Self {
+    fn new(
+        host: Host,
+        events: Option<EventLog>,
+        prompter: approval::ClientPrompter,
+        metrics: Option<Arc<metrics::Metrics>>,
+    ) -> Self {
         Server {
-            live: Shelf::new(Live::new(host, keel_host::context::initial())),
+            live: Shelf::new(Live::new(host, keel_host::context::initial(), metrics.clone())),
             peers: Arc::default(),
             events: events.map(Arc::new),
+            metrics,
             prompter,
             log_level: Arc::default(),
         }
@@ -211,7 +253,10 @@ impl Server {
     /// client the tool list changed.
     async fn reloaded(&self, host: Host) {
         let context = self.live.current().stream.context();
-        self.live.replace(Live::new(host, context));
+        self.live.replace(Live::new(host, context, self.metrics.clone()));
+        if let Some(metrics) = &self.metrics {
+            metrics.reloaded();
+        }
         // Clients gone since are forgotten; the rest are told.
         let peers: Vec<Peer<RoleServer>> = {
             let mut peers = self.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
@@ -237,6 +282,7 @@ impl Server {
     async fn call(
         &self,
         tool_use: ToolUse,
+        tool: Option<&str>,
         arrival: Arrival,
         cancelled: &CancellationToken,
         progress: Option<Arc<forward::Forwarder<Value>>>,
@@ -247,9 +293,15 @@ impl Server {
             interrupt.interrupt();
         }
         // Every event goes to an events file; a client with a progress token
-        // or a log level reads only what the tool reports.
+        // or a log level reads only what the tool reports; the metrics read
+        // a call's start and end.
+        let meter = self.metrics.as_ref().map(|metrics| Arc::new(metrics.arrive(tool)));
         let (events, progress_to, log_to) = (self.events.clone(), progress.clone(), log.clone());
+        let meter_to = meter.clone();
         let forward = move |event: Event| {
+            if let Some(meter) = &meter_to {
+                meter.see(&event);
+            }
             if let (Some(progress), Event::Progress { data, .. }) = (&progress_to, &event) {
                 progress.send(data.clone());
             }
@@ -264,7 +316,7 @@ impl Server {
         };
         let sink = if self.events.is_some() {
             Some(EventSink::every(Arc::new(forward)))
-        } else if progress.is_some() || log.is_some() {
+        } else if progress.is_some() || log.is_some() || meter.is_some() {
             Some(EventSink::lean(Arc::new(forward)))
         } else {
             None
@@ -279,6 +331,9 @@ impl Server {
                 run.await
             }
         };
+        if let Some(meter) = meter {
+            meter.finish(&result, cancelled.is_cancelled());
+        }
         if let Some(progress) = progress {
             progress.finish().await;
         }
@@ -369,7 +424,8 @@ impl ServerHandler for Server {
         let least = *self.log_level.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         let log = least
             .map(|least| (Arc::new(forward::log(context.peer.clone(), request.name.to_string())), least));
-        let result = self.call(tool_use, arrival, &context.ct, progress, log).await;
+        let tool = live.tool_name(&request.name);
+        let result = self.call(tool_use, tool, arrival, &context.ct, progress, log).await;
         drop(live);
         // A call that stopped to ask its client answers with the question.
         if let Some(asked) =

@@ -6,10 +6,11 @@
 //! `Origin` a browser sends refused unless listed, so DNS rebinding gets
 //! nowhere; a body over the cap refused with `413` while it streams, before
 //! it is parsed. In front of it, this module:
-//! - answers `/mcp` only (`404` elsewhere);
+//! - answers `/mcp`, and `/metrics` when metrics are served here
+//!   ([`super::metrics`]); `404` elsewhere;
 //! - checks the bearer token, when there is one, in constant time: a missing
 //!   or wrong one gets `401` with `WWW-Authenticate`, and the request never
-//!   reaches the tools;
+//!   reaches the tools or the metrics;
 //! - refuses to start on an address that is not loopback without a token;
 //! - cuts off a client that takes longer than the header timeout to send a
 //!   request's head, or leaves a connection idle past the idle timeout.
@@ -35,6 +36,7 @@ use subtle::ConstantTimeEq as _;
 use tokio_util::sync::CancellationToken;
 
 use super::Server;
+use super::metrics::{Endpoint, METRICS_PATH};
 
 /// The path the server answers on.
 pub const MCP_PATH: &str = "/mcp";
@@ -95,8 +97,21 @@ fn token(args: &HttpArgs) -> Result<Option<Arc<[u8]>>> {
     Ok(Some(token.as_bytes().into()))
 }
 
-/// Serve `server` on `addr` until the process is stopped.
-pub async fn serve(server: Server, addr: SocketAddr, args: &HttpArgs) -> Result<()> {
+/// The `Host` names a server answers to: loopback names and `allowed`.
+pub fn allowed_hosts(allowed: &[String]) -> Vec<String> {
+    let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
+    hosts.extend(allowed.iter().cloned());
+    hosts
+}
+
+/// Serve `server` on `addr` until the process is stopped; `/metrics` too
+/// when `metrics` is given.
+pub async fn serve(
+    server: Server,
+    addr: SocketAddr,
+    args: &HttpArgs,
+    metrics: Option<Endpoint>,
+) -> Result<()> {
     let token = token(args)?;
     if token.is_none() && !addr.ip().is_loopback() {
         bail!(
@@ -104,8 +119,8 @@ pub async fn serve(server: Server, addr: SocketAddr, args: &HttpArgs) -> Result<
              give --token-file or --token-env"
         );
     }
-    let mut hosts: Vec<String> = vec!["localhost".into(), "127.0.0.1".into(), "::1".into()];
-    hosts.extend(args.allow_hosts.iter().cloned());
+    let hosts = allowed_hosts(&args.allow_hosts);
+    let metrics = metrics.map(|endpoint| (endpoint, Arc::<[String]>::from(hosts.clone())));
     let cancel = CancellationToken::new();
     // Pages served from this machine may call; a page of any other origin
     // (a rebinding attack's) only when listed.
@@ -151,16 +166,18 @@ pub async fn serve(server: Server, addr: SocketAddr, args: &HttpArgs) -> Result<
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%peer, "failed to set TCP_NODELAY: {error}");
         }
-        let (mcp, token) = (mcp.clone(), token.clone());
+        let (mcp, token, metrics) = (mcp.clone(), token.clone(), metrics.clone());
         tokio::spawn(async move {
             let activity = Activity::new();
             let watched = Watched { inner: stream, activity: activity.clone() };
             let in_service = activity.clone();
             let service = hyper::service::service_fn(move |request| {
                 let (mut mcp, token, activity) = (mcp.clone(), token.clone(), in_service.clone());
+                let metrics = metrics.clone();
                 async move {
                     let _busy = activity.busy();
-                    Ok::<_, Infallible>(gate(request, token.as_deref(), &mut mcp).await)
+                    let metrics = metrics.as_ref().map(|(endpoint, hosts)| (endpoint, &hosts[..]));
+                    Ok::<_, Infallible>(gate(request, token.as_deref(), metrics, &mut mcp).await)
                 }
             });
             let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -283,14 +300,23 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
     }
 }
 
-type Body = BoxBody<Bytes, Infallible>;
+/// The body of every response.
+pub type Body = BoxBody<Bytes, Infallible>;
 
-/// `/mcp` and the token, then rmcp; anything else answered here.
-async fn gate<S>(request: Request<Incoming>, token: Option<&[u8]>, mcp: &mut S) -> Response<Body>
+/// `/mcp` and the token, then rmcp; `/metrics` (with the `Host` names it
+/// answers to) when `metrics` is given; anything else answered here.
+async fn gate<S>(
+    request: Request<Incoming>,
+    token: Option<&[u8]>,
+    metrics: Option<(&Endpoint, &[String])>,
+    mcp: &mut S,
+) -> Response<Body>
 where
     S: tower_service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>,
 {
-    if request.uri().path() != MCP_PATH {
+    let path = request.uri().path();
+    let metrics = metrics.filter(|_| path == METRICS_PATH);
+    if path != MCP_PATH && metrics.is_none() {
         return plain(StatusCode::NOT_FOUND, format!("not found: keel serves MCP on {MCP_PATH}\n"));
     }
     if let Some(token) = token
@@ -303,6 +329,13 @@ where
             header::HeaderValue::from_static("Bearer realm=\"keel\", error=\"invalid_token\""),
         );
         return response;
+    }
+    if let Some((endpoint, hosts)) = metrics {
+        // rmcp checks `Host` for `/mcp`; the same names for `/metrics`.
+        if !host_allowed(request.headers(), hosts) {
+            return plain(StatusCode::FORBIDDEN, "forbidden: the Host header names no allowed host\n");
+        }
+        return endpoint.respond(&request);
     }
     match mcp.call(request).await {
         Ok(response) => response,
@@ -320,7 +353,31 @@ fn bearer_matches(value: Option<&header::HeaderValue>, token: &[u8]) -> bool {
     given.ct_eq(token).into()
 }
 
-fn plain(status: StatusCode, text: impl Into<String>) -> Response<Body> {
+/// Whether the `Host` header names one of `hosts` (a name alone allows it
+/// on any port, `name:port` on that port only), as rmcp checks it for
+/// `/mcp`: a page that rebinds a name of its own to a loopback address
+/// reads nothing.
+pub fn host_allowed(headers: &header::HeaderMap, hosts: &[String]) -> bool {
+    let authority = |text: &str| {
+        let authority: hyper::http::uri::Authority = text.trim().parse().ok()?;
+        let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
+        Some((host, authority.port_u16()))
+    };
+    let Some((host, port)) =
+        headers.get(header::HOST).and_then(|value| value.to_str().ok()).and_then(authority)
+    else {
+        return false;
+    };
+    hosts
+        .iter()
+        .filter_map(|allowed| authority(allowed).or_else(|| Some((allowed.to_ascii_lowercase(), None))))
+        .any(|(name, allowed_port)| {
+            name == host && allowed_port.is_none_or(|allowed_port| port == Some(allowed_port))
+        })
+}
+
+/// A plain-text response.
+pub fn plain(status: StatusCode, text: impl Into<String>) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from(text.into())).boxed());
     *response.status_mut() = status;
     response
@@ -347,6 +404,24 @@ mod tests {
         let given = Cli::parse_from(["keel", "--http", "127.0.0.1:9000"]);
         assert_eq!(given.http.http, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(Cli::parse_from(["keel"]).http.http, None, "stdio unless asked");
+    }
+
+    #[test]
+    fn only_a_host_of_the_list_is_allowed() {
+        let hosts = allowed_hosts(&["tools.example.com".into(), "keel:80".into()]);
+        let allowed = |host: &str| {
+            let mut headers = header::HeaderMap::new();
+            headers.insert(header::HOST, header::HeaderValue::from_str(host).unwrap());
+            host_allowed(&headers, &hosts)
+        };
+        assert!(allowed("127.0.0.1:7331"));
+        assert!(allowed("localhost"));
+        assert!(allowed("[::1]:9464"));
+        assert!(allowed("Tools.Example.com:443"), "a name alone allows any port");
+        assert!(allowed("keel:80"));
+        assert!(!allowed("keel:8080"), "a name with a port allows that port only");
+        assert!(!allowed("attacker.example:7331"));
+        assert!(!host_allowed(&header::HeaderMap::new(), &hosts), "no Host, no answer");
     }
 
     #[test]

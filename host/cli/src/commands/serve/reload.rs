@@ -25,6 +25,8 @@ use anyhow::Result;
 use keel_host::load::{Grants, PluginTool, Runtime, plugin_files};
 use keel_host::{HostBuilder, Limits, Tool};
 
+use super::metrics::Metrics;
+
 /// How often the plugin paths are looked at.
 pub const POLL: Duration = Duration::from_millis(500);
 
@@ -66,6 +68,8 @@ pub struct Plugins {
     failed: BTreeMap<PathBuf, Stamp>,
     /// What the last look saw, to tell a settled change from one under way.
     seen: BTreeMap<PathBuf, Stamp>,
+    /// Told of what is served and of each file that fails to load.
+    metrics: Option<Arc<Metrics>>,
 }
 
 impl Plugins {
@@ -89,7 +93,7 @@ impl Plugins {
             .zip(tools)
             .map(|((file, stamp), tool)| (file.clone(), (*stamp, Arc::new(tool) as Arc<dyn Tool>)))
             .collect();
-        Ok(Plugins { paths, runtime, grants, limits, loaded, failed: BTreeMap::new(), seen })
+        Ok(Plugins { paths, runtime, grants, limits, loaded, failed: BTreeMap::new(), seen, metrics: None })
     }
 
     async fn load_one(&self, file: &Path) -> keel_host::Result<Arc<dyn Tool>> {
@@ -98,6 +102,11 @@ impl Plugins {
             pins.check_plugin(&plugin.spec().name, file)?;
         }
         Ok(Arc::new(plugin))
+    }
+
+    /// Count what is served and what fails to load in `metrics` from now on.
+    pub fn count_in(&mut self, metrics: Arc<Metrics>) {
+        self.metrics = Some(metrics);
     }
 
     /// The tools, in file order.
@@ -143,6 +152,9 @@ impl Plugins {
                         "it is not served"
                     };
                     tracing::error!("{error}; {kept}");
+                    if let Some(metrics) = &self.metrics {
+                        metrics.load_failed();
+                    }
                     // Not tried again until the file changes once more.
                     if let Some((loaded, _)) = self.loaded.get_mut(&file) {
                         *loaded = stamp;
@@ -174,10 +186,20 @@ where
             Err(error) => Err(error),
         };
         match built {
-            Ok(host) => serve(host).await,
-            Err(error) => tracing::error!(
-                "the reloaded plugins could not be served, the last pool keeps serving: {error:#}"
-            ),
+            Ok(host) => {
+                if let Some(metrics) = &plugins.metrics {
+                    metrics.plugins_loaded(plugins.loaded.len());
+                }
+                serve(host).await;
+            }
+            Err(error) => {
+                tracing::error!(
+                    "the reloaded plugins could not be served, the last pool keeps serving: {error:#}"
+                );
+                if let Some(metrics) = &plugins.metrics {
+                    metrics.load_failed();
+                }
+            }
         }
     }
 }
