@@ -1,0 +1,201 @@
+//! OTLP export: `keel run` with `OTEL_EXPORTER_OTLP_ENDPOINT` sends the
+//! library's spans to a receiver this test runs on loopback, as protobuf or
+//! JSON, all of them before it exits; a collector that is not there costs a
+//! logged error, not the run.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt as _, Full};
+use hyper::{Request, Response};
+use opentelemetry_proto::tonic::collector::trace::v1::{
+    ExportTraceServiceRequest, ExportTraceServiceResponse,
+};
+use opentelemetry_proto::tonic::common::v1::KeyValue;
+use opentelemetry_proto::tonic::common::v1::any_value::Value as AnyValue;
+use prost::Message as _;
+use support::{bundled, keel_ok};
+
+mod support;
+
+/// One request the receiver got: its content type and body.
+type Received = Arc<Mutex<Vec<(String, Bytes)>>>;
+
+/// An OTLP/HTTP receiver on `127.0.0.1`: it keeps every `POST /v1/traces`
+/// and answers it as a collector does. Lives as long as the test process.
+fn receiver() -> (SocketAddr, Received) {
+    let received = Received::default();
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    listener.set_nonblocking(true).unwrap();
+    let kept = received.clone();
+    std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).unwrap();
+            loop {
+                let Ok((stream, _)) = listener.accept().await else { continue };
+                let kept = kept.clone();
+                tokio::spawn(async move {
+                    let service =
+                        hyper::service::service_fn(move |request: Request<hyper::body::Incoming>| {
+                            let kept = kept.clone();
+                            async move {
+                                let path = request.uri().path().to_string();
+                                let content_type = request
+                                    .headers()
+                                    .get(hyper::header::CONTENT_TYPE)
+                                    .and_then(|value| value.to_str().ok())
+                                    .unwrap_or_default()
+                                    .to_string();
+                                let body = request.into_body().collect().await.unwrap().to_bytes();
+                                let status = if path == "/v1/traces" { 200 } else { 404 };
+                                let json = content_type.starts_with("application/json");
+                                if status == 200 {
+                                    kept.lock().unwrap().push((content_type, body));
+                                }
+                                let answer: Bytes = if json {
+                                    Bytes::from_static(b"{}")
+                                } else {
+                                    ExportTraceServiceResponse::default().encode_to_vec().into()
+                                };
+                                let mut response = Response::new(Full::new(answer));
+                                *response.status_mut() = hyper::StatusCode::from_u16(status).unwrap();
+                                Ok::<_, std::convert::Infallible>(response)
+                            }
+                        });
+                    let io = hyper_util::rt::TokioIo::new(stream);
+                    let _ = hyper::server::conn::http1::Builder::new().serve_connection(io, service).await;
+                });
+            }
+        });
+    });
+    (addr, received)
+}
+
+/// `keel run` of two `echo` calls in `dir`, with every OpenTelemetry
+/// variable of the environment left out but `otel`.
+fn run_batch(dir: &Path, otel: &[(&str, String)]) -> Command {
+    let batch = dir.join("batch.json");
+    std::fs::write(
+        &batch,
+        r#"[{"type":"tool_use","id":"toolu_1","name":"echo","input":{"text":"one"}},
+            {"type":"tool_use","id":"toolu_2","name":"echo","input":{"text":"two"}}]"#,
+    )
+    .unwrap();
+    let echo = bundled("echo");
+    let args = ["run", "--plugins", echo.to_str().unwrap(), batch.to_str().unwrap()];
+    let mut command = support::keel(dir, &Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache"), &args);
+    for (name, _) in std::env::vars() {
+        if name.starts_with("OTEL_") {
+            command.env_remove(name);
+        }
+    }
+    for (name, value) in otel {
+        command.env(name, value);
+    }
+    command
+}
+
+/// A string attribute's value.
+fn attribute<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a str> {
+    attributes.iter().find(|pair| pair.key == key).and_then(|pair| {
+        match pair.value.as_ref()?.value.as_ref()? {
+            AnyValue::StringValue(text) => Some(text.as_str()),
+            _ => None,
+        }
+    })
+}
+
+#[test]
+fn a_run_exports_a_span_per_call_named_after_its_tool_with_a_child_per_step() {
+    let (addr, received) = receiver();
+    let dir = tempfile::tempdir().unwrap();
+    let stdout =
+        keel_ok(&mut run_batch(dir.path(), &[("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"))]));
+    assert!(stdout.contains("\"toolu_2\""), "{stdout}");
+
+    // keel has exited: whatever it sent has arrived.
+    let received = received.lock().unwrap().clone();
+    assert!(!received.is_empty(), "spans were sent before keel exited");
+    let mut spans = Vec::new();
+    for (content_type, body) in &received {
+        assert_eq!(content_type, "application/x-protobuf", "protobuf unless asked otherwise");
+        let request = ExportTraceServiceRequest::decode(body.clone()).expect("an OTLP trace export");
+        for resource in request.resource_spans {
+            let attributes = resource.resource.map(|resource| resource.attributes).unwrap_or_default();
+            assert_eq!(attribute(&attributes, "service.name"), Some("keel"));
+            spans.extend(resource.scope_spans.into_iter().flat_map(|scope| scope.spans));
+        }
+    }
+    for id in ["toolu_1", "toolu_2"] {
+        let call = spans
+            .iter()
+            .find(|span| attribute(&span.attributes, "tool_use_id") == Some(id))
+            .unwrap_or_else(|| {
+                panic!("a span of {id} among {:?}", spans.iter().map(|span| &span.name).collect::<Vec<_>>())
+            });
+        assert_eq!(call.name, "echo", "a call's span is named after its tool");
+        assert_eq!(attribute(&call.attributes, "tool"), Some("echo"));
+        let mut steps: Vec<&str> = spans
+            .iter()
+            .filter(|span| span.parent_span_id == call.span_id && span.trace_id == call.trace_id)
+            .map(|span| span.name.as_str())
+            .collect();
+        steps.sort_unstable();
+        steps.dedup();
+        assert!(steps.contains(&"tool_call"), "{id}: steps {steps:?}");
+        let known = ["budget", "permission", "questions", "setup", "tool_call"];
+        assert!(steps.iter().all(|step| known.contains(step)), "{id}: steps {steps:?}");
+    }
+}
+
+#[test]
+fn json_is_sent_when_the_protocol_asks_for_it() {
+    let (addr, received) = receiver();
+    let dir = tempfile::tempdir().unwrap();
+    keel_ok(&mut run_batch(
+        dir.path(),
+        &[
+            ("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}")),
+            ("OTEL_EXPORTER_OTLP_PROTOCOL", "http/json".into()),
+            ("OTEL_SERVICE_NAME", "agent-tools".into()),
+        ],
+    ));
+    let received = received.lock().unwrap().clone();
+    let mut names = Vec::new();
+    for (content_type, body) in &received {
+        assert_eq!(content_type, "application/json");
+        let request: serde_json::Value = serde_json::from_slice(body).expect("a JSON export");
+        for resource in request["resourceSpans"].as_array().unwrap() {
+            let service = resource["resource"]["attributes"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .find(|pair| pair["key"] == "service.name")
+                .map(|pair| pair["value"]["stringValue"].clone());
+            assert_eq!(service, Some("agent-tools".into()), "OTEL_SERVICE_NAME is kept");
+            for scope in resource["scopeSpans"].as_array().unwrap() {
+                names.extend(scope["spans"].as_array().unwrap().iter().map(|span| span["name"].to_string()));
+            }
+        }
+    }
+    assert_eq!(names.iter().filter(|name| *name == "\"echo\"").count(), 2, "{names:?}");
+}
+
+#[test]
+fn a_collector_that_is_not_there_does_not_fail_the_run() {
+    // A port nothing listens on: bound, then let go.
+    let addr = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap();
+    let dir = tempfile::tempdir().unwrap();
+    let mut command = run_batch(dir.path(), &[("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}"))]);
+    let output = support::run(&mut command, std::time::Duration::from_secs(120));
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("\"toolu_1\"") && stdout.contains("\"toolu_2\""), "{stdout}");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("ExportError") || stderr.contains("failed to send the last spans"), "{stderr}");
+}
