@@ -68,6 +68,10 @@ fn the_counters_move_by_exactly_the_calls_made() {
         let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": text }));
         assert_eq!(reply.message()["result"]["content"][0]["text"], text, "{}", reply.body);
     }
+    // Over the per-tool budget of 50,000 chars: persisted, and previewed.
+    let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "a".repeat(60_000) }));
+    let text = reply.message()["result"]["content"][0]["text"].as_str().unwrap().to_string();
+    assert!(text.starts_with("<persisted-output>"), "{text:.200}");
     let reply = stateless_call(server.addr, &[], "no_such_tool", &json!({}));
     assert_eq!(reply.message()["result"]["isError"], true, "{}", reply.body);
     let reply = stateless_call(server.addr, &[], "fetch", &json!({ "url": "http://127.0.0.2:9/" }));
@@ -75,7 +79,7 @@ fn the_counters_move_by_exactly_the_calls_made() {
 
     let after = scrape(server.addr, &[]);
     let calls = |tool, outcome| value(&after, "keel_calls_total", &[("tool", tool), ("outcome", outcome)]);
-    assert_eq!(calls("echo", "ok"), Some(3.0));
+    assert_eq!(calls("echo", "ok"), Some(4.0));
     assert_eq!(calls("(unknown)", "invalid"), Some(1.0), "a made-up name is not a label of its own");
     assert_eq!(calls("fetch", "error"), Some(1.0));
     let total: f64 = after
@@ -87,9 +91,9 @@ fn the_counters_move_by_exactly_the_calls_made() {
             _ => None,
         })
         .sum();
-    assert_eq!(total, 5.0, "five calls, each counted once");
+    assert_eq!(total, 6.0, "six calls, each counted once");
     // The histogram holds the calls that were planned: not the unknown tool.
-    assert_eq!(value(&after, "keel_call_duration_seconds_count", &[("tool", "echo")]), Some(3.0));
+    assert_eq!(value(&after, "keel_call_duration_seconds_count", &[("tool", "echo")]), Some(4.0));
     assert_eq!(value(&after, "keel_call_duration_seconds_count", &[("tool", "fetch")]), Some(1.0));
     assert!(value(&after, "keel_call_duration_seconds_sum", &[("tool", "echo")]).unwrap() > 0.0);
     assert!(value(&after, "keel_fuel_burned_total", &[("tool", "echo")]).unwrap() > 0.0);
@@ -97,7 +101,7 @@ fn the_counters_move_by_exactly_the_calls_made() {
     // Every call has its result: none waits, none runs.
     assert_eq!(value(&after, "keel_calls_waiting", &[]), Some(0.0));
     assert_eq!(value(&after, "keel_calls_in_flight", &[]), Some(0.0));
-    assert_eq!(value(&after, "keel_results_persisted_total", &[]), Some(0.0));
+    assert_eq!(value(&after, "keel_results_persisted_total", &[]), Some(1.0));
     assert_eq!(value(&after, "keel_plugin_reloads_total", &[]), Some(0.0));
     assert_eq!(value(&after, "keel_plugin_load_failures_total", &[]), Some(0.0));
 }
@@ -181,4 +185,48 @@ fn a_stdio_server_serves_metrics_only_on_a_metrics_address() {
     drop(child.stdin.take());
     let _ = child.kill();
     let _ = child.wait();
+}
+
+/// Scrape `addr` until `ready` holds of what it shows, for at most 30 s
+/// (a reload takes two looks at the plugin paths, 500 ms apart).
+fn scrape_until(
+    addr: SocketAddr,
+    ready: impl Fn(&prometheus_parse::Scrape) -> bool,
+) -> prometheus_parse::Scrape {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let scraped = scrape(addr, &[]);
+        if ready(&scraped) || std::time::Instant::now() >= deadline {
+            return scraped;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+#[test]
+fn reloads_and_load_failures_are_counted() {
+    let workspace = tempfile::tempdir().unwrap();
+    let plugins = workspace.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    std::fs::copy(bundled("echo"), plugins.join("echo.wasm")).unwrap();
+    let server = support::serve_with(workspace.path(), std::slice::from_ref(&plugins), &[]);
+    assert_eq!(value(&scrape(server.addr, &[]), "keel_plugins_loaded", &[]), Some(1.0));
+
+    std::fs::write(plugins.join("broken.wasm"), b"not a component").unwrap();
+    let scraped = scrape_until(server.addr, |scraped| {
+        value(scraped, "keel_plugin_load_failures_total", &[]) == Some(1.0)
+    });
+    assert_eq!(value(&scraped, "keel_plugin_load_failures_total", &[]), Some(1.0));
+    assert_eq!(value(&scraped, "keel_plugin_reloads_total", &[]), Some(0.0), "nothing new is served");
+
+    std::fs::copy(bundled("wc"), plugins.join("wc.wasm")).unwrap();
+    let scraped =
+        scrape_until(server.addr, |scraped| value(scraped, "keel_plugin_reloads_total", &[]) == Some(1.0));
+    assert_eq!(value(&scraped, "keel_plugin_reloads_total", &[]), Some(1.0));
+    assert_eq!(value(&scraped, "keel_plugins_loaded", &[]), Some(2.0));
+    assert_eq!(
+        value(&scraped, "keel_plugin_load_failures_total", &[]),
+        Some(1.0),
+        "the broken file is not tried again"
+    );
 }

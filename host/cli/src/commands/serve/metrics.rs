@@ -27,7 +27,7 @@ use clap::Args;
 use hyper::body::Incoming;
 use hyper::{Request, Response, StatusCode, header};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
-use keel_host::events::{CallFigures, Outcome};
+use keel_host::events::CallFigures;
 use keel_host::{Event, ToolResult};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
 use prometheus_client::metrics::counter::Counter;
@@ -287,7 +287,7 @@ impl CallMeter {
             self.metrics.count(&self.tool, if is_error { "error" } else { "ok" });
             return;
         };
-        self.metrics.count(&self.tool, outcome_label(figures.outcome));
+        self.metrics.count(&self.tool, figures.outcome.as_str());
         let labels = ToolLabels { tool: self.tool.clone() };
         let micros = figures.end_us().saturating_sub(figures.start_us());
         // Microseconds as f64 are exact far beyond any call's length.
@@ -306,19 +306,6 @@ impl Drop for CallMeter {
         if self.leave() {
             self.metrics.count(&self.tool, "interrupted");
         }
-    }
-}
-
-/// An outcome as its label reads: the word the events use.
-fn outcome_label(outcome: Outcome) -> &'static str {
-    match outcome {
-        Outcome::Ok => "ok",
-        Outcome::Invalid => "invalid",
-        Outcome::Denied => "denied",
-        Outcome::Error => "error",
-        Outcome::Limit => "limit",
-        Outcome::Crashed => "crashed",
-        Outcome::Interrupted => "interrupted",
     }
 }
 
