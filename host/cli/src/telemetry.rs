@@ -1,6 +1,6 @@
 //! Logs to stderr and, when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
 //! `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set, the library's spans over
-//! OTLP/HTTP (README, Observability).
+//! OTLP/HTTP (README, "Seeing a run").
 //!
 //! The library makes the spans (a "call" span per planned call, named after
 //! its tool, with a child per step); this module only ships them. The

@@ -1,5 +1,5 @@
 //! `GET /metrics`: what a server is doing, in the Prometheus text format
-//! (OpenMetrics 1.0), for a scraper to watch (README, "Metrics").
+//! (OpenMetrics 1.0), for a scraper to watch (README, "Over HTTP").
 //!
 //! A call is counted from the events the library sends it (the lean sink,
 //! [`keel_host::EventSink::lean`]): `call_started` moves it from waiting to
