@@ -121,6 +121,9 @@ pub struct Metrics {
     /// Results persisted by the hosts a reload replaced, once their last
     /// call was done.
     persisted_before: AtomicU64,
+    /// Held by a scrape while it brings `persisted` up to date, so two at
+    /// once do not both add the same results. No call takes it.
+    scraping: std::sync::Mutex<()>,
 }
 
 impl Default for Metrics {
@@ -184,6 +187,7 @@ impl Metrics {
             load_failures,
             persisted,
             persisted_before: AtomicU64::new(0),
+            scraping: std::sync::Mutex::new(()),
         }
     }
 
@@ -328,12 +332,14 @@ impl Endpoint {
         // The hosts a reload replaced, plus the one served now; a host
         // still finishing calls after a reload is counted once it is gone,
         // and the counter never goes back meanwhile.
+        let scraping = self.metrics.scraping.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = self.metrics.persisted_before.load(Ordering::Relaxed)
             + self.live.current()._host.results_persisted();
         let shown = self.metrics.persisted.get();
         if now > shown {
             self.metrics.persisted.inc_by(now - shown);
         }
+        drop(scraping);
         let mut text = String::with_capacity(4096);
         prometheus_client::encoding::text::encode(&mut text, &self.metrics.registry)
             .expect("writing to a String does not fail");
