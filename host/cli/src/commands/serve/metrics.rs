@@ -47,13 +47,15 @@ const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset
 
 /// The label of a call to a name the pool does not know: a name a client
 /// made up is not a label of its own, or a client could grow the metrics
-/// without bound. No tool is named so (names are letters, digits, `_`, `-`).
+/// without bound. No tool is named so: a plugin's name is letters, digits,
+/// `_` and `-` (`load/plugin.rs` checks it), and so is every built-in's.
 const UNKNOWN_TOOL: &str = "(unknown)";
 
 /// The upper bounds of the duration histogram's buckets, in seconds: 1 ms to
 /// about 65 s, doubling. A native call is a millisecond or less, a plugin
 /// call tens of milliseconds, a call that waits on the network seconds; the
-/// last bucket before `+Inf` is past the default wall-clock limit.
+/// last bucket before `+Inf` is past the default 30 s deadline, so only a
+/// long wait for a call's turn lands in `+Inf`.
 fn duration_buckets() -> Histogram {
     Histogram::new(prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17))
 }
@@ -63,7 +65,7 @@ fn duration_buckets() -> Histogram {
 pub struct MetricsArgs {
     /// Serve `/metrics` alone, without a bearer token, on this loopback
     /// address (such as `127.0.0.1:9464`), instead of on the `--http`
-    /// listener behind its token. On stdio, metrics are served only so.
+    /// listener behind its token. On stdio, the only way to serve them.
     #[arg(long, value_name = "ADDR", value_parser = loopback_addr)]
     pub metrics_addr: Option<SocketAddr>,
 }
