@@ -230,3 +230,28 @@ fn reloads_and_load_failures_are_counted() {
         "the broken file is not tried again"
     );
 }
+
+#[test]
+fn a_running_call_is_in_flight_and_a_call_behind_it_waits() {
+    let workspace = tempfile::tempdir().unwrap();
+    let tools = [bundled("sleep"), bundled("write_file")];
+    let server = support::serve_with(workspace.path(), &tools, &[]);
+    let addr = server.addr;
+    let sleeping = std::thread::spawn(move || stateless_call(addr, &[], "sleep", &json!({ "ms": 5000 })));
+    let gauges = |scraped: &prometheus_parse::Scrape| {
+        (value(scraped, "keel_calls_in_flight", &[]), value(scraped, "keel_calls_waiting", &[]))
+    };
+    let scraped = scrape_until(addr, |scraped| gauges(scraped) == (Some(1.0), Some(0.0)));
+    assert_eq!(gauges(&scraped), (Some(1.0), Some(0.0)), "the sleep runs");
+    // A call that is not concurrency-safe waits for the calls before it.
+    let writing = std::thread::spawn(move || {
+        stateless_call(addr, &[], "write_file", &json!({ "file_path": "out.txt", "content": "x" }))
+    });
+    let scraped = scrape_until(addr, |scraped| gauges(scraped) == (Some(1.0), Some(1.0)));
+    assert_eq!(gauges(&scraped), (Some(1.0), Some(1.0)), "the write waits its turn");
+    assert_eq!(sleeping.join().unwrap().status, 200);
+    assert_eq!(writing.join().unwrap().status, 200);
+    let scraped = scrape(addr, &[]);
+    assert_eq!(gauges(&scraped), (Some(0.0), Some(0.0)), "every call has its result");
+    assert_eq!(value(&scraped, "keel_calls_total", &[("tool", "sleep"), ("outcome", "ok")]), Some(1.0));
+}
