@@ -21,7 +21,8 @@ pub struct Telemetry {
 
 impl Telemetry {
     /// Send the spans not yet sent and stop the exporter. Bounded by the
-    /// exporter's timeout (`OTEL_EXPORTER_OTLP_TIMEOUT`, 10 s by default).
+    /// exporter's timeout (`OTEL_EXPORTER_OTLP_TIMEOUT`, 10 s by default)
+    /// and its few retries.
     pub fn shutdown(self) {
         #[cfg(feature = "otlp")]
         if let Some(provider) = self.provider
