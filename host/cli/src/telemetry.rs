@@ -75,9 +75,12 @@ mod otlp {
     const ENDPOINTS: [&str; 2] = ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "OTEL_EXPORTER_OTLP_ENDPOINT"];
 
     /// The provider whose batch processor sends spans to the configured
-    /// endpoint; `None` when no endpoint is set.
+    /// endpoint; `None` when no endpoint is set, or `OTEL_SDK_DISABLED` is
+    /// `true`.
     pub fn exporter() -> Result<Option<SdkTracerProvider>, String> {
-        if !ENDPOINTS.iter().any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty())) {
+        if !ENDPOINTS.iter().any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()))
+            || std::env::var("OTEL_SDK_DISABLED").is_ok_and(|value| value.trim().eq_ignore_ascii_case("true"))
+        {
             return Ok(None);
         }
         // An https endpoint needs a TLS provider; the one keel's other

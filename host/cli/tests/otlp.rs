@@ -209,3 +209,14 @@ fn a_collector_that_is_not_there_does_not_fail_the_run() {
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("ExportError") || stderr.contains("failed to send the last spans"), "{stderr}");
 }
+
+#[test]
+fn nothing_is_sent_when_the_sdk_is_disabled() {
+    let (addr, received) = receiver();
+    let dir = tempfile::tempdir().unwrap();
+    keel_ok(&mut run_batch(
+        dir.path(),
+        &[("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{addr}")), ("OTEL_SDK_DISABLED", "true".into())],
+    ));
+    assert!(received.lock().unwrap().is_empty(), "keel has exited, having sent nothing");
+}
