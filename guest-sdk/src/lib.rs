@@ -619,6 +619,58 @@ pub fn progress(data: &Value) {
     let _ = data;
 }
 
+/// A progress report in the shape of MCP's `notifications/progress`: a
+/// count so far, the total when it is known, and a line for a person.
+///
+/// The host shows it as a bar with its message (`keel run` on a terminal)
+/// and `keel serve` sends it on to an MCP client as `progress`, `total` and
+/// `message`. Each report of a call should count higher than the one before.
+///
+/// ```
+/// use keel_guest::Progress;
+///
+/// let report = Progress::new(3).total(8).message("copied 3 of 8 files");
+/// assert_eq!(report.to_value(), keel_guest::json!({ "progress": 3, "total": 8, "message": "copied 3 of 8 files" }));
+/// report.report();
+/// ```
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Progress {
+    progress: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    total: Option<u64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    message: Option<String>,
+}
+
+impl Progress {
+    /// A report of `progress` done so far, with no total and no message.
+    pub fn new(progress: u64) -> Self {
+        Progress { progress, total: None, message: None }
+    }
+
+    /// How much there is to do in all, in the unit of the count.
+    pub fn total(mut self, total: u64) -> Self {
+        self.total = Some(total);
+        self
+    }
+
+    /// A short line saying what is being done now.
+    pub fn message(mut self, message: impl Into<String>) -> Self {
+        self.message = Some(message.into());
+        self
+    }
+
+    /// The report as the JSON the host receives.
+    pub fn to_value(&self) -> Value {
+        serde_json::to_value(self).expect("a progress report is plain JSON")
+    }
+
+    /// Send the report to the host ([`progress`]).
+    pub fn report(&self) {
+        progress(&self.to_value());
+    }
+}
+
 /// Write to the host's log, tagged with the tool's name.
 ///
 /// Outside a keel sandbox (in native unit tests) it does nothing.
@@ -794,6 +846,19 @@ mod tests {
         let mut bad = std::collections::HashMap::new();
         bad.insert(vec![1u8], 1);
         assert!(Output::structured(&bad).is_err(), "a map with non-string keys is not JSON");
+    }
+
+    #[test]
+    fn progress_reports_serialize_in_the_mcp_shape() {
+        assert_eq!(Progress::new(2).to_value().to_string(), r#"{"progress":2}"#);
+        assert_eq!(
+            Progress::new(2).total(8).message("step 2 of 8").to_value().to_string(),
+            r#"{"progress":2,"total":8,"message":"step 2 of 8"}"#
+        );
+        assert_eq!(
+            Progress::new(0).message("starting").to_value().to_string(),
+            r#"{"progress":0,"message":"starting"}"#
+        );
     }
 
     #[test]
