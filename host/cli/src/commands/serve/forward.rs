@@ -70,26 +70,42 @@ impl<T: Send + 'static> Forwarder<T> {
     }
 }
 
-/// A call's progress reports as `notifications/progress` for `token`,
-/// numbered 1, 2, 3, ….
+/// A call's progress reports as `notifications/progress` for `token`. A
+/// report in MCP's own shape (`{"progress": n, "total": m, "message": …}`,
+/// what the SDK's `Progress` sends) goes on as those fields; any other is
+/// numbered 1, 2, 3, … with its JSON text as the message.
 pub fn progress(peer: Peer<RoleServer>, token: ProgressToken) -> Forwarder<Value> {
     Forwarder::new(Box::new(move |mut reports| {
         Box::pin(async move {
             let mut count = 0u32;
             while let Some(data) = reports.recv().await {
                 count += 1;
-                let message = match data {
-                    Value::String(text) => text,
-                    other => other.to_string(),
-                };
-                let notification =
-                    ProgressNotificationParam::new(token.clone(), f64::from(count)).with_message(message);
+                let notification = notification(token.clone(), count, data);
                 if let Err(error) = peer.notify_progress(notification).await {
                     tracing::debug!("failed to send a progress notification: {error}");
                 }
             }
         })
     }))
+}
+
+/// The notification for the `count`th report of a call, `data`.
+fn notification(token: ProgressToken, count: u32, data: Value) -> ProgressNotificationParam {
+    if let Some(progress) = data.get("progress").and_then(Value::as_f64) {
+        let mut notification = ProgressNotificationParam::new(token, progress);
+        if let Some(total) = data.get("total").and_then(Value::as_f64) {
+            notification = notification.with_total(total);
+        }
+        if let Some(message) = data.get("message").and_then(Value::as_str) {
+            notification = notification.with_message(message);
+        }
+        return notification;
+    }
+    let message = match data {
+        Value::String(text) => text,
+        other => other.to_string(),
+    };
+    ProgressNotificationParam::new(token, f64::from(count)).with_message(message)
 }
 
 /// A call's log lines, each with its level.
@@ -117,4 +133,20 @@ pub fn log(peer: Peer<RoleServer>, tool: String) -> LogLines {
             }
         })
     }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_mcp_shaped_report_goes_on_as_its_own_fields() {
+        let token = ProgressToken(rmcp::model::NumberOrString::Number(7));
+        let sent = notification(token.clone(), 1, json!({ "progress": 3, "total": 8, "message": "3 of 8" }));
+        assert_eq!((sent.progress, sent.total, sent.message.as_deref()), (3.0, Some(8.0), Some("3 of 8")));
+        let sent = notification(token, 2, json!({ "step": 1, "steps": 2 }));
+        assert_eq!((sent.progress, sent.total), (2.0, None));
+        assert_eq!(sent.message.as_deref(), Some(r#"{"step":1,"steps":2}"#));
+    }
 }
