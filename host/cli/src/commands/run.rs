@@ -1,11 +1,21 @@
 //! `keel run`: run a batch of tool calls.
+//!
+//! Beside the message on stdout it can write what the run did: `--trace`
+//! for Perfetto ([`trace`]), `--timeline` as one HTML page ([`timeline`]);
+//! and it ends with a line on stderr, or a table with `--stats` ([`stats`]).
+
+pub mod record;
+mod stats;
+mod timeline;
+pub mod trace;
 
 use std::collections::HashMap;
 use std::io::{IsTerminal as _, Read as _, Write as _};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use self::record::Recording;
 use crate::prompter::TerminalPrompter;
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
@@ -32,6 +42,17 @@ pub struct RunArgs {
     /// (text only: an image is named in a line of text).
     #[arg(long, value_enum, default_value_t = ResultFormat::Anthropic, conflicts_with = "events")]
     format: ResultFormat,
+    /// Also write the run to this file in the Chrome trace-event format,
+    /// which Perfetto (ui.perfetto.dev) and chrome://tracing open.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
+    /// Also write the run to this file as a self-contained HTML timeline.
+    #[arg(long, value_name = "FILE")]
+    timeline: Option<PathBuf>,
+    /// End with a table of every call's figures on stderr instead of the
+    /// one-line summary.
+    #[arg(long)]
+    stats: bool,
     /// A JSON file holding an array of tool_use blocks or an assistant
     /// message; `-` reads standard input.
     #[arg(value_name = "BATCH")]
@@ -92,12 +113,22 @@ pub struct Resolved {
 /// Run the batch; print the user message of tool_result blocks, or the
 /// events as JSON lines with `--events`. Ctrl-C interrupts the batch: calls
 /// not started are not started, `cancel` calls stop, `block` calls finish.
+/// Then write the trace and the timeline asked for, and say on stderr how
+/// the batch went.
 pub fn run(args: &RunArgs) -> Result<()> {
     let config = args.host.config()?;
     let (bytes, origin) = read_batch(&args.batch)?;
     let uses = parse_batch_bytes(&bytes, &origin, config.limits.apply(Limits::default()).input)?;
+    // A file that cannot be written is found before the batch runs.
+    if let Some(path) = &args.trace {
+        trace::check_writable(path, "trace")?;
+    }
+    if let Some(path) = &args.timeline {
+        trace::check_writable(path, "timeline")?;
+    }
+    let mut recording = Recording::of_batch(uses.iter().map(|call| (call.id.as_str(), call.name.as_str())));
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async {
+    let (results, wall) = runtime.block_on(async {
         let mut builder = args.host.builder_without_config()?.config(config);
         // With someone at the keyboard a call that needs approval is asked
         // about; without, it is denied saying so.
@@ -105,6 +136,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             builder = builder.prompter(std::sync::Arc::new(prompter));
         }
         let host = builder.build().await?;
+        let started = Instant::now();
         let mut run = host.start_batch(uses, keel_host::context::initial());
         let interrupter = run.interrupter();
         tokio::spawn(async move {
@@ -112,12 +144,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 interrupter.interrupt();
             }
         });
-        if args.events {
-            print_events(&mut run).await?;
-            run.finish().await;
+        let results = if args.events {
+            print_events(&mut run, &mut recording).await?;
+            run.finish().await.results
         } else {
             let display = std::io::stderr().is_terminal().then(LiveProgress::new);
             while let Some(event) = run.next_event().await {
+                recording.record(&event);
                 if let Some(display) = &display {
                     display.show(&event);
                 }
@@ -128,15 +161,33 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 ResultFormat::Openai => serde_json::Value::from(openai_messages(&outcome.results)),
             };
             println!("{}", serde_json::to_string_pretty(&message)?);
-        }
+            outcome.results
+        };
+        let wall = started.elapsed();
         host.wait_for_cache_upkeep();
-        anyhow::Ok(())
-    })
+        anyhow::Ok((results, wall))
+    })?;
+    let errors = results.iter().filter(|result| result.is_error).count();
+    let wall_us = u64::try_from(wall.as_micros()).unwrap_or(u64::MAX);
+    let summary = stats::summary(&recording, results.len(), errors, wall_us);
+    if let Some(path) = &args.trace {
+        trace::write(path, &trace::to_bytes(&trace::trace(&recording, "keel run")), "trace")?;
+    }
+    if let Some(path) = &args.timeline {
+        let title = format!("keel run {}", args.batch);
+        trace::write(path, timeline::page(&recording, &title, &summary).as_bytes(), "timeline")?;
+    }
+    if args.stats {
+        eprint!("{}", stats::table(&recording));
+    }
+    eprintln!("{summary}");
+    Ok(())
 }
 
-async fn print_events(run: &mut BatchRun) -> Result<()> {
+async fn print_events(run: &mut BatchRun, recording: &mut Recording) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
     while let Some(event) = run.next_event().await {
+        recording.record(&event);
         serde_json::to_writer(&mut stdout, &event)?;
         stdout.write_all(b"\n")?;
         stdout.flush()?;
@@ -144,47 +195,92 @@ async fn print_events(run: &mut BatchRun) -> Result<()> {
     Ok(())
 }
 
-/// One spinner per running call on stderr, with its latest progress.
+/// One line per running call on stderr: a spinner with the tool's name and
+/// what it is doing (its activity), and its latest progress: a bar when a
+/// report carries a count and a total, else the report's message.
 struct LiveProgress {
     bars: MultiProgress,
-    running: std::sync::Mutex<HashMap<String, ProgressBar>>,
-    style: ProgressStyle,
+    running: std::sync::Mutex<HashMap<String, (ProgressBar, Option<String>)>>,
+    spinner: ProgressStyle,
+    bar: ProgressStyle,
 }
 
 impl LiveProgress {
     fn new() -> Self {
-        let style = ProgressStyle::with_template("{spinner} {prefix:.bold} {msg} ({elapsed})")
+        let spinner = ProgressStyle::with_template("{spinner} {prefix:.bold} {msg} ({elapsed})")
             .expect("the template is valid");
-        LiveProgress { bars: MultiProgress::new(), running: Default::default(), style }
+        let bar =
+            ProgressStyle::with_template("{spinner} {prefix:.bold} [{bar:24}] {pos}/{len} {msg} ({elapsed})")
+                .expect("the template is valid")
+                .progress_chars("=> ");
+        LiveProgress { bars: MultiProgress::new(), running: Default::default(), spinner, bar }
     }
 
     fn show(&self, event: &Event) {
         let mut running = self.running.lock().expect("the display is not poisoned");
         match event {
             Event::CallStarted { tool_use_id, tool, activity } => {
-                let bar = self.bars.add(ProgressBar::new_spinner().with_style(self.style.clone()));
+                let bar = self.bars.add(ProgressBar::new_spinner().with_style(self.spinner.clone()));
                 bar.set_prefix(tool.clone());
                 bar.set_message(activity.clone().unwrap_or_default());
                 bar.enable_steady_tick(Duration::from_millis(100));
-                running.insert(tool_use_id.clone(), bar);
+                running.insert(tool_use_id.clone(), (bar, activity.clone()));
             }
             Event::Progress { tool_use_id, data } => {
-                if let Some(bar) = running.get(tool_use_id) {
-                    bar.set_message(data.to_string());
+                if let Some((bar, activity)) = running.get(tool_use_id) {
+                    let shown = Shown::of(activity.as_deref(), data);
+                    if let Some((position, length)) = shown.count {
+                        bar.set_style(self.bar.clone());
+                        bar.set_length(length);
+                        bar.set_position(position);
+                    }
+                    bar.set_message(shown.message);
                 }
             }
             Event::NetworkRefused { tool_use_id, method, url, reason } => {
-                if let Some(bar) = running.get(tool_use_id) {
+                if let Some((bar, _)) = running.get(tool_use_id) {
                     bar.println(format!("refused {method} {url}: {reason}"));
                 }
             }
             Event::CallFinished { tool_use_id, is_error, .. } => {
-                if let Some(bar) = running.remove(tool_use_id) {
+                if let Some((bar, _)) = running.remove(tool_use_id) {
                     bar.finish_with_message(if *is_error { "failed" } else { "done" });
                 }
             }
             _ => {}
         }
+    }
+}
+
+/// How far shown raw JSON goes before it is cut.
+const SHOWN_JSON_CHARS: usize = 60;
+
+/// What a running call's line shows for one progress report.
+#[derive(Debug, PartialEq)]
+struct Shown {
+    /// The count so far and the total, for a bar.
+    count: Option<(u64, u64)>,
+    /// The text beside it.
+    message: String,
+}
+
+impl Shown {
+    /// The line for `data`, reported by a call doing `activity`: MCP's
+    /// shape (`{"progress": n, "total": m, "message": …}`) makes a bar with
+    /// its message; a report with only a `message`, or a string, shows that;
+    /// any other shows its JSON text, shortened; the activity stays in front.
+    fn of(activity: Option<&str>, data: &serde_json::Value) -> Self {
+        let number = |key: &str| data.get(key).and_then(serde_json::Value::as_f64);
+        let count = number("progress").zip(number("total")).map(|(done, total)| (done as u64, total as u64));
+        let said = match (data.get("message").and_then(serde_json::Value::as_str), data) {
+            (Some(message), _) => Some(message.to_string()),
+            (None, serde_json::Value::String(text)) => Some(text.clone()),
+            (None, _) if count.is_some() || number("progress").is_some() => None,
+            (None, other) => Some(record::shorten(&other.to_string(), SHOWN_JSON_CHARS)),
+        };
+        let message =
+            [activity.map(str::to_string), said].into_iter().flatten().collect::<Vec<_>>().join(" · ");
+        Shown { count, message }
     }
 }
 
@@ -374,4 +470,29 @@ pub fn bundled_tools() -> Result<PathBuf> {
         bail!("the bundled tools are missing from {}; rebuild keel, or pass --plugins PATH", dir.display());
     }
     Ok(dir)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn an_mcp_report_makes_a_bar_beside_the_activity() {
+        let shown = Shown::of(Some("Copying"), &json!({ "progress": 3, "total": 8, "message": "a.txt" }));
+        assert_eq!(shown, Shown { count: Some((3, 8)), message: "Copying · a.txt".into() });
+        let shown = Shown::of(None, &json!({ "progress": 3, "total": 8 }));
+        assert_eq!(shown, Shown { count: Some((3, 8)), message: String::new() });
+    }
+
+    #[test]
+    fn a_report_without_a_count_shows_its_message_else_its_json_shortened() {
+        assert_eq!(Shown::of(None, &json!({ "message": "indexing" })).message, "indexing");
+        assert_eq!(Shown::of(Some("Sleeping 4000 ms"), &json!("half")).message, "Sleeping 4000 ms · half");
+        assert_eq!(Shown::of(None, &json!({ "step": 2, "steps": 8 })).message, r#"{"step":2,"steps":8}"#);
+        let long = json!({ "files": "x".repeat(100) });
+        let shown = Shown::of(None, &long).message;
+        assert_eq!(shown.chars().count(), SHOWN_JSON_CHARS + 1);
+        assert!(shown.ends_with('…'));
+    }
 }

@@ -1,0 +1,413 @@
+//! A run's events kept with the moment each arrived, and laid out on time
+//! for the trace (`--trace`), the timeline (`--timeline`) and the summary.
+//!
+//! A call's steps come timed in its `call_finished` figures; `call_started`,
+//! `call_finished` and what the tool reports are timed here, on receipt,
+//! with the same clock ([`now_us`]): events reach a sink as they happen.
+
+use std::collections::{HashMap, VecDeque};
+
+use keel_host::Event;
+use keel_host::events::{CallFigures, PlannedGroup, Step, StepTime, now_us};
+use serde_json::Value;
+
+/// What a run reported, call by call.
+#[derive(Clone, Debug, Default)]
+pub struct Recording {
+    /// The groups of the batch's plan; empty for calls that arrive one by
+    /// one (`keel serve`).
+    pub plan: Vec<PlannedGroup>,
+    /// Every call heard of, in the order it was first heard of.
+    pub calls: VecDeque<CallRecord>,
+    /// The tool each `tool_use` names, for calls refused before they were
+    /// planned (they report only their result).
+    names: HashMap<String, String>,
+    /// At most this many calls are kept, the oldest finished ones dropped
+    /// first; `None` keeps every call.
+    limit: Option<usize>,
+}
+
+/// One call as the run reported it.
+#[derive(Clone, Debug, Default)]
+pub struct CallRecord {
+    /// Its `tool_use` id.
+    pub tool_use_id: String,
+    /// The tool's name.
+    pub tool: String,
+    /// What it was doing, when the tool said.
+    pub activity: Option<String>,
+    /// When its `call_started` arrived.
+    pub started_us: Option<u64>,
+    /// When its `call_finished` arrived.
+    pub finished_us: Option<u64>,
+    /// Its figures, once finished.
+    pub figures: Option<CallFigures>,
+    /// Whether its result is an error, once it has one.
+    pub is_error: Option<bool>,
+    /// The first line of its result when that is an error, shortened.
+    pub error: Option<String>,
+    /// What the tool reported as it ran, in order.
+    pub reports: Vec<Report>,
+}
+
+/// One thing a running tool reported.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Report {
+    /// When it arrived.
+    pub at_us: u64,
+    /// `progress`, `log` or `network refused`.
+    pub kind: &'static str,
+    /// What it said: a progress report's message (its JSON text when it has
+    /// none), a log line, the refused request and why.
+    pub text: String,
+    /// A progress report's data.
+    pub data: Option<Value>,
+}
+
+impl Recording {
+    /// A recording of one batch, whose `tool_use` blocks name these tools
+    /// (`(id, tool)`).
+    pub fn of_batch<'a>(names: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        let names = names.into_iter().map(|(id, tool)| (id.to_string(), tool.to_string())).collect();
+        Recording { names, ..Recording::default() }
+    }
+
+    /// A recording of calls arriving one by one that keeps the last `limit`.
+    pub fn bounded(limit: usize) -> Self {
+        Recording { limit: Some(limit), ..Recording::default() }
+    }
+
+    /// Keep `event`, which arrived now.
+    pub fn record(&mut self, event: &Event) {
+        self.record_at(event, now_us());
+    }
+
+    /// Keep `event`, which arrived at `at_us`.
+    pub fn record_at(&mut self, event: &Event, at_us: u64) {
+        match event {
+            Event::BatchPlan { batches } => self.plan.clone_from(batches),
+            Event::CallStarted { tool_use_id, tool, activity } => {
+                let call = self.call(tool_use_id);
+                call.tool.clone_from(tool);
+                call.activity.clone_from(activity);
+                call.started_us = Some(at_us);
+            }
+            Event::CallFinished { tool_use_id, is_error, figures } => {
+                let call = self.call(tool_use_id);
+                call.finished_us = Some(at_us);
+                call.is_error = Some(*is_error);
+                if let Some(figures) = figures {
+                    call.tool.clone_from(&figures.tool);
+                    call.figures = Some((**figures).clone());
+                }
+                self.trim();
+            }
+            Event::ToolResult { tool_use_id, is_error, content, .. } => {
+                let call = self.call(tool_use_id);
+                call.is_error = Some(*is_error);
+                if *is_error {
+                    call.error = content.text().lines().next().map(|line| shorten(line, ERROR_CHARS));
+                }
+            }
+            Event::Progress { tool_use_id, data } => {
+                let text = match data.get("message").and_then(Value::as_str) {
+                    Some(message) => message.to_string(),
+                    None => match data {
+                        Value::String(text) => text.clone(),
+                        other => other.to_string(),
+                    },
+                };
+                let report = Report { at_us, kind: "progress", text, data: Some(data.clone()) };
+                self.call(tool_use_id).reports.push(report);
+            }
+            Event::ToolLog { tool_use_id, level, message } => {
+                let text = format!("{level:?}: {message}").to_lowercase();
+                self.call(tool_use_id).reports.push(Report { at_us, kind: "log", text, data: None });
+            }
+            Event::NetworkRefused { tool_use_id, method, url, reason } => {
+                let text = format!("refused {method} {url}: {reason}");
+                self.call(tool_use_id).reports.push(Report {
+                    at_us,
+                    kind: "network refused",
+                    text,
+                    data: None,
+                });
+            }
+            _ => {}
+        }
+    }
+
+    /// The call `id`, new if unheard of.
+    fn call(&mut self, id: &str) -> &mut CallRecord {
+        // Calls in flight are the latest heard of.
+        let index = match self.calls.iter().rposition(|call| call.tool_use_id == id) {
+            Some(index) => index,
+            None => {
+                let tool = self.names.get(id).cloned().unwrap_or_default();
+                self.calls.push_back(CallRecord {
+                    tool_use_id: id.to_string(),
+                    tool,
+                    ..CallRecord::default()
+                });
+                self.calls.len() - 1
+            }
+        };
+        &mut self.calls[index]
+    }
+
+    /// Drop the oldest finished calls over the limit.
+    fn trim(&mut self) {
+        let Some(limit) = self.limit else { return };
+        while self.calls.len() > limit {
+            match self.calls.iter().position(|call| call.finished_us.is_some()) {
+                Some(index) => drop(self.calls.remove(index)),
+                None => break,
+            }
+        }
+    }
+
+    /// Every call of the batch's plan in batch order, then any others; a
+    /// stream's calls in the order they arrived.
+    pub fn in_order(&self) -> Vec<&CallRecord> {
+        let by_id: HashMap<&str, &CallRecord> =
+            self.calls.iter().map(|call| (call.tool_use_id.as_str(), call)).collect();
+        let planned: Vec<&CallRecord> = self
+            .plan
+            .iter()
+            .flat_map(|group| &group.tool_use_ids)
+            .filter_map(|id| by_id.get(id.as_str()).copied())
+            .collect();
+        let in_plan: std::collections::HashSet<&str> =
+            planned.iter().map(|call| call.tool_use_id.as_str()).collect();
+        let others = self.calls.iter().filter(|call| !in_plan.contains(call.tool_use_id.as_str()));
+        planned.into_iter().chain(others).collect()
+    }
+}
+
+impl CallRecord {
+    /// Its steps before its turn (planning: those that ended before its
+    /// `call_started`), and those from its turn on. A call that never
+    /// started (interrupted first) only planned.
+    pub fn split_steps(&self) -> (Vec<StepTime>, Vec<StepTime>) {
+        let Some(figures) = &self.figures else { return (Vec::new(), Vec::new()) };
+        let turn = self.started_us.unwrap_or(u64::MAX);
+        figures.steps.iter().cloned().partition(|step| step.start_us + step.duration_us <= turn)
+    }
+
+    /// The span of its turn: from its `call_started` (or its first step of
+    /// the turn) to its `call_finished` (or its last step), `None` for a
+    /// call that never had a turn.
+    pub fn turn(&self) -> Option<(u64, u64)> {
+        let (_, turn) = self.split_steps();
+        let first = turn.first().map(|step| step.start_us);
+        let last = turn.iter().map(|step| step.start_us + step.duration_us).max();
+        let start = match (self.started_us, first) {
+            (Some(started), Some(first)) => started.min(first),
+            (started, first) => started.or(first)?,
+        };
+        let end = [self.finished_us, last].into_iter().flatten().max().unwrap_or(start).max(start);
+        Some((start, end))
+    }
+
+    /// How long its turn took, in µs.
+    pub fn wall_us(&self) -> Option<u64> {
+        self.turn().map(|(start, end)| end - start)
+    }
+
+    /// Its outcome's word: the figures', else `error` or `ok` from its
+    /// result, else `unfinished`.
+    pub fn outcome(&self) -> String {
+        match (&self.figures, self.is_error) {
+            (Some(figures), _) => figures.outcome.to_string(),
+            (None, Some(true)) => "error".into(),
+            (None, Some(false)) => "ok".into(),
+            (None, None) => "unfinished".into(),
+        }
+    }
+
+    /// The time it spent in `step`, in µs.
+    pub fn step_us(&self, step: Step) -> u64 {
+        self.figures.as_ref().map_or(0, |figures| figures.duration_us(step))
+    }
+}
+
+/// How much of an error's first line is kept.
+const ERROR_CHARS: usize = 120;
+
+/// `text` cut to `chars` characters, with `…` when cut.
+pub fn shorten(text: &str, chars: usize) -> String {
+    match text.char_indices().nth(chars) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_string(),
+    }
+}
+
+/// The name of a step as the trace and the timeline show it.
+pub fn step_name(step: Step) -> &'static str {
+    match step {
+        Step::Questions => "questions",
+        Step::Setup => "setup",
+        Step::Permission => "permission",
+        Step::Call => "call",
+        Step::Budget => "budget",
+    }
+}
+
+/// A label for a group of the plan: `concurrent run (3 calls)`, or `alone:
+/// write_file` with the tool of its one call.
+pub fn group_label(group: &PlannedGroup, recording: &Recording) -> String {
+    match group.tool_use_ids.as_slice() {
+        [id] if !group.concurrent => {
+            let tool =
+                recording.calls.iter().find(|call| &call.tool_use_id == id).map(|call| call.tool.as_str());
+            format!("alone: {}", tool.unwrap_or(id))
+        }
+        ids => {
+            let s = if ids.len() == 1 { "" } else { "s" };
+            format!("concurrent run ({} call{s})", ids.len())
+        }
+    }
+}
+
+/// Greedy slot assignment: each interval `(start, end)`, taken by start,
+/// gets the lowest-numbered slot free by then (one whose last interval
+/// ended at or before its start). Returns each interval's slot, in the
+/// order given, and the number of slots.
+pub fn assign_slots(intervals: &[(u64, u64)]) -> (Vec<usize>, usize) {
+    let mut order: Vec<usize> = (0..intervals.len()).collect();
+    order.sort_by_key(|&index| (intervals[index].0, intervals[index].1));
+    let mut ends: Vec<u64> = Vec::new();
+    let mut slots = vec![0; intervals.len()];
+    for index in order {
+        let (start, end) = intervals[index];
+        let slot = match ends.iter().position(|&free_at| free_at <= start) {
+            Some(slot) => slot,
+            None => {
+                ends.push(0);
+                ends.len() - 1
+            }
+        };
+        ends[slot] = end.max(start);
+        slots[index] = slot;
+    }
+    (slots, ends.len())
+}
+
+/// Where the calls of a recording go on time.
+pub struct Layout<'a> {
+    /// The earliest moment of the recording: every time is shown from it.
+    pub origin_us: u64,
+    /// The latest.
+    pub end_us: u64,
+    /// The calls, in order ([`Recording::in_order`]).
+    pub calls: Vec<Placed<'a>>,
+    /// How many slots their turns need.
+    pub slots: usize,
+    /// How many lanes their planning needs.
+    pub planning_lanes: usize,
+    /// The plan's groups, each with its label and span (`None` when none of
+    /// its calls had a turn).
+    pub groups: Vec<(&'a PlannedGroup, String, Option<(u64, u64)>)>,
+}
+
+/// One call placed.
+pub struct Placed<'a> {
+    /// The call.
+    pub call: &'a CallRecord,
+    /// Its planning steps and the steps of its turn.
+    pub planning: Vec<StepTime>,
+    /// The steps from its turn on.
+    pub steps: Vec<StepTime>,
+    /// Its turn, and the slot it ran in.
+    pub turn: Option<((u64, u64), usize)>,
+    /// The planning lane of its planning steps.
+    pub planning_lane: Option<usize>,
+}
+
+impl<'a> Layout<'a> {
+    /// Lay `recording` out.
+    pub fn of(recording: &'a Recording) -> Self {
+        let calls = recording.in_order();
+        let split: Vec<_> = calls.iter().map(|call| call.split_steps()).collect();
+        let turns: Vec<Option<(u64, u64)>> = calls.iter().map(|call| call.turn()).collect();
+        let with_turn: Vec<(u64, u64)> = turns.iter().flatten().copied().collect();
+        let (turn_slots, slots) = assign_slots(&with_turn);
+        let planning_spans: Vec<Option<(u64, u64)>> = split
+            .iter()
+            .map(|(planning, _)| {
+                let start = planning.first()?.start_us;
+                let end = planning.iter().map(|step| step.start_us + step.duration_us).max()?;
+                Some((start, end))
+            })
+            .collect();
+        let (planning_slots, planning_lanes) =
+            assign_slots(&planning_spans.iter().flatten().copied().collect::<Vec<_>>());
+        let (mut turn_slots, mut planning_slots) = (turn_slots.into_iter(), planning_slots.into_iter());
+        let mut times: Vec<u64> = Vec::new();
+        let placed: Vec<Placed<'a>> = calls
+            .into_iter()
+            .zip(split)
+            .zip(turns.iter().zip(&planning_spans))
+            .map(|((call, (planning, steps)), (turn, planning_span))| {
+                times.extend(turn.iter().flat_map(|(start, end)| [*start, *end]));
+                times.extend(planning_span.iter().flat_map(|(start, end)| [*start, *end]));
+                times.extend(call.reports.iter().map(|report| report.at_us));
+                Placed {
+                    call,
+                    planning,
+                    steps,
+                    turn: turn.map(|turn| (turn, turn_slots.next().expect("a slot per turn"))),
+                    planning_lane: planning_span.map(|_| planning_slots.next().expect("a lane per planning")),
+                }
+            })
+            .collect();
+        let origin_us = times.iter().copied().min().unwrap_or(0);
+        let end_us = times.iter().copied().max().unwrap_or(0);
+        let groups = recording
+            .plan
+            .iter()
+            .map(|group| {
+                let spans =
+                    placed.iter().filter(|placed| group.tool_use_ids.contains(&placed.call.tool_use_id));
+                let spans: Vec<(u64, u64)> = spans.filter_map(|placed| Some(placed.turn?.0)).collect();
+                let span = spans.iter().map(|span| span.0).min().zip(spans.iter().map(|span| span.1).max());
+                (group, group_label(group, recording), span)
+            })
+            .collect();
+        Layout { origin_us, end_us, calls: placed, slots, planning_lanes, groups }
+    }
+
+    /// `at_us` from the origin.
+    pub fn relative(&self, at_us: u64) -> u64 {
+        at_us.saturating_sub(self.origin_us)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn slots_are_reused_once_free_and_added_only_for_overlaps() {
+        // a and b overlap; c starts as a ends and takes its slot; d overlaps
+        // b and c.
+        let (slots, count) = assign_slots(&[(0, 10), (5, 20), (10, 15), (12, 30)]);
+        assert_eq!(slots, [0, 1, 0, 2]);
+        assert_eq!(count, 3);
+    }
+
+    #[test]
+    fn slots_are_assigned_by_start_whatever_the_order_given() {
+        let (slots, count) = assign_slots(&[(20, 30), (0, 25), (26, 40)]);
+        assert_eq!(slots, [1, 0, 0]);
+        assert_eq!(count, 2);
+        assert_eq!(assign_slots(&[]), (vec![], 0));
+    }
+
+    #[test]
+    fn calls_one_after_another_share_one_slot() {
+        let (slots, count) = assign_slots(&[(0, 5), (5, 9), (9, 9), (9, 12)]);
+        assert_eq!(slots, [0, 0, 0, 0]);
+        assert_eq!(count, 1);
+    }
+}

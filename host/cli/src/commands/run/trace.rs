@@ -1,0 +1,194 @@
+//! `--trace FILE`: a run in the Chrome trace-event format, the
+//! `{"traceEvents": [...]}` object that Perfetto and `chrome://tracing` open.
+//!
+//! Tracks (threads of one process): `plan`, the batch's groups; `slot N`,
+//! the calls that ran one after another in the Nth place of concurrency,
+//! each an enclosing span named after its tool with a span per step inside
+//! and its progress as instants; `planning N`, the steps a call took when
+//! the batch was planned, before its turn. Times are µs from the earliest
+//! moment of the run.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex, mpsc};
+
+use anyhow::{Context as _, Result};
+use keel_host::Event;
+use serde_json::{Value, json};
+
+use super::record::{Layout, Placed, Recording, step_name};
+
+/// The process every track belongs to.
+const PID: u64 = 1;
+/// The track of the plan's groups; slots come after it.
+const PLAN_TID: usize = 0;
+
+/// The trace of `recording`, named `process` (`keel run`, `keel serve`).
+pub fn trace(recording: &Recording, process: &str) -> Value {
+    let layout = Layout::of(recording);
+    let slot_tid = |slot: usize| slot + 1;
+    let planning_tid = |lane: usize| layout.slots + lane + 1;
+    let mut events = vec![json!({
+        "name": "process_name", "ph": "M", "pid": PID, "tid": PLAN_TID, "args": { "name": process }
+    })];
+    let mut track = |tid: usize, name: String| {
+        events.push(
+            json!({ "name": "thread_name", "ph": "M", "pid": PID, "tid": tid, "args": { "name": name } }),
+        );
+        events.push(json!({ "name": "thread_sort_index", "ph": "M", "pid": PID, "tid": tid, "args": { "sort_index": tid } }));
+    };
+    if !layout.groups.is_empty() {
+        track(PLAN_TID, "plan".into());
+    }
+    for slot in 0..layout.slots {
+        track(slot_tid(slot), format!("slot {}", slot + 1));
+    }
+    for lane in 0..layout.planning_lanes {
+        track(planning_tid(lane), format!("planning {}", lane + 1));
+    }
+    for (group, label, span) in &layout.groups {
+        let Some((start, end)) = span else { continue };
+        events.push(json!({
+            "name": label, "cat": "plan", "ph": "X", "pid": PID, "tid": PLAN_TID,
+            "ts": layout.relative(*start), "dur": end - start,
+            "args": { "concurrent": group.concurrent, "tool_use_ids": group.tool_use_ids },
+        }));
+    }
+    for placed in &layout.calls {
+        let call = placed.call;
+        let ids = json!({ "tool": call.tool, "tool_use_id": call.tool_use_id });
+        if let Some(((start, end), slot)) = placed.turn {
+            events.push(json!({
+                "name": call.tool, "cat": "call", "ph": "X", "pid": PID, "tid": slot_tid(slot),
+                "ts": layout.relative(start), "dur": end - start, "args": figures_args(placed),
+            }));
+            for step in &placed.steps {
+                events.push(step_event(&layout, step, slot_tid(slot), &ids));
+            }
+        }
+        if let Some(lane) = placed.planning_lane {
+            for step in &placed.planning {
+                events.push(step_event(&layout, step, planning_tid(lane), &ids));
+            }
+        }
+        let tid = match (placed.turn, placed.planning_lane) {
+            (Some((_, slot)), _) => slot_tid(slot),
+            (None, Some(lane)) => planning_tid(lane),
+            (None, None) => continue,
+        };
+        for report in &call.reports {
+            let mut args = json!({ "tool": call.tool, "tool_use_id": call.tool_use_id, "text": report.text });
+            if let Some(data) = &report.data {
+                args["data"] = data.clone();
+            }
+            events.push(json!({
+                "name": report.kind, "cat": report.kind, "ph": "i", "s": "t", "pid": PID, "tid": tid,
+                "ts": layout.relative(report.at_us), "args": args,
+            }));
+        }
+    }
+    json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+}
+
+/// A complete event for one step of a call.
+fn step_event(layout: &Layout<'_>, step: &keel_host::events::StepTime, tid: usize, ids: &Value) -> Value {
+    let name = step_name(step.step);
+    json!({
+        "name": name, "cat": name, "ph": "X", "pid": PID, "tid": tid,
+        "ts": layout.relative(step.start_us), "dur": step.duration_us, "args": ids,
+    })
+}
+
+/// A call's figures, as the `args` of its span.
+fn figures_args(placed: &Placed<'_>) -> Value {
+    let call = placed.call;
+    let mut args = json!({ "tool": call.tool, "tool_use_id": call.tool_use_id, "outcome": call.outcome() });
+    if let Some(activity) = &call.activity {
+        args["activity"] = activity.clone().into();
+    }
+    if let Some(figures) = &call.figures {
+        args["fuel"] = json!(figures.fuel);
+        args["memory_peak"] = json!(figures.memory_peak);
+        args["bytes_in"] = figures.bytes_in.into();
+        args["bytes_out"] = figures.bytes_out.into();
+    }
+    args
+}
+
+/// Check that a file can be made beside `path` (so that a run does not go
+/// to waste on a trace it cannot write), naming `path` when it cannot.
+pub fn check_writable(path: &Path, what: &str) -> Result<()> {
+    let dir = match path.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    tempfile::Builder::new()
+        .prefix(".keel-")
+        .tempfile_in(dir)
+        .with_context(|| format!("failed to write {what} {}", path.display()))?;
+    Ok(())
+}
+
+/// Write `contents` to `path` atomically: a reader sees the old file or
+/// the whole new one, never half of it.
+pub fn write(path: &Path, contents: &[u8], what: &str) -> Result<()> {
+    let failed = || format!("failed to write {what} {}", path.display());
+    keel_host::fs::write_atomically(path, contents).with_context(failed)?;
+    // The temporary file was made readable by its owner only; a report is
+    // for anyone who may read the directory.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).with_context(failed)?;
+    }
+    Ok(())
+}
+
+/// How many calls `keel serve --trace` keeps in its file: the latest, so
+/// that the file of a long-lived server stays a size a viewer opens.
+pub const SERVE_TRACE_CALLS: usize = 10_000;
+
+/// `keel serve --trace FILE`: the calls served so far (the last
+/// [`SERVE_TRACE_CALLS`]), written again after each call finishes. The
+/// writing happens on a thread of its own, off every call's path; calls
+/// that finish while it writes are in its next write.
+pub struct TraceFile {
+    recording: Arc<Mutex<Recording>>,
+    finished: mpsc::Sender<()>,
+}
+
+impl TraceFile {
+    /// Start the trace at `path`, writing an empty one at once: a path that
+    /// cannot be written fails here, naming it.
+    pub fn create(path: &Path) -> Result<Self> {
+        let recording = Arc::new(Mutex::new(Recording::bounded(SERVE_TRACE_CALLS)));
+        write(path, &to_bytes(&trace(&Recording::default(), "keel serve")), "trace")?;
+        let (finished, calls) = mpsc::channel::<()>();
+        let (kept, path) = (recording.clone(), PathBuf::from(path));
+        std::thread::Builder::new()
+            .name("keel-trace".into())
+            .spawn(move || {
+                while calls.recv().is_ok() {
+                    while calls.try_recv().is_ok() {}
+                    let recording = kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+                    if let Err(error) = write(&path, &to_bytes(&trace(&recording, "keel serve")), "trace") {
+                        tracing::warn!("{error:#}");
+                    }
+                }
+            })
+            .context("failed to start the trace writer")?;
+        Ok(TraceFile { recording, finished })
+    }
+
+    /// Keep `event`; once a call finished, write the file again.
+    pub fn record(&self, event: &Event) {
+        self.recording.lock().unwrap_or_else(std::sync::PoisonError::into_inner).record(event);
+        if matches!(event, Event::CallFinished { .. }) {
+            let _ = self.finished.send(());
+        }
+    }
+}
+
+/// The JSON text of a trace.
+pub fn to_bytes(trace: &Value) -> Vec<u8> {
+    serde_json::to_vec(trace).expect("JSON values serialize")
+}
