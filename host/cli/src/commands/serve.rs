@@ -58,6 +58,10 @@ pub struct ServeArgs {
     /// `keel run --events` prints them.
     #[arg(long, value_name = "PATH")]
     events: Option<PathBuf>,
+    /// Also keep the calls served (the last 10,000) in this file in the
+    /// Chrome trace-event format, written again after each call.
+    #[arg(long, value_name = "FILE")]
+    trace: Option<PathBuf>,
     #[command(flatten)]
     http: http::HttpArgs,
     #[command(flatten)]
@@ -107,7 +111,11 @@ pub fn run(args: &ServeArgs) -> Result<()> {
             Some(path) => Some(EventLog::create(path)?),
             None => None,
         };
-        let server = Server::new(host, events, asker, metrics.clone());
+        let trace = match &args.trace {
+            Some(path) => Some(Arc::new(super::run::trace::TraceFile::create(path)?)),
+            None => None,
+        };
+        let server = Server { trace, ..Server::new(host, events, asker, metrics.clone()) };
         let watched = server.clone();
         tokio::spawn(reload::watch(
             plugins,
@@ -225,6 +233,8 @@ struct Server {
     events: Option<Arc<EventLog>>,
     /// What `/metrics` shows, when it is served.
     metrics: Option<Arc<metrics::Metrics>>,
+    /// `--trace`: the calls served, kept in a trace file.
+    trace: Option<Arc<super::run::trace::TraceFile>>,
     /// Who a call that needs approval asks.
     prompter: approval::ClientPrompter,
     /// The least level of tool log lines this client asked to be sent
@@ -244,6 +254,7 @@ impl Server {
             peers: Arc::default(),
             events: events.map(Arc::new),
             metrics,
+            trace: None,
             prompter,
             log_level: Arc::default(),
         }
@@ -298,6 +309,7 @@ impl Server {
         let meter = self.metrics.as_ref().map(|metrics| Arc::new(metrics.arrive(tool)));
         let (events, progress_to, log_to) = (self.events.clone(), progress.clone(), log.clone());
         let meter_to = meter.clone();
+        let trace = self.trace.clone();
         let forward = move |event: Event| {
             if let Some(meter) = &meter_to {
                 meter.see(&event);
@@ -313,10 +325,13 @@ impl Server {
             if let Some(events) = &events {
                 events.write(&event);
             }
+            if let Some(trace) = &trace {
+                trace.record(&event);
+            }
         };
         let sink = if self.events.is_some() {
             Some(EventSink::every(Arc::new(forward)))
-        } else if progress.is_some() || log.is_some() || meter.is_some() {
+        } else if progress.is_some() || log.is_some() || meter.is_some() || self.trace.is_some() {
             Some(EventSink::lean(Arc::new(forward)))
         } else {
             None
