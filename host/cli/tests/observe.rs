@@ -1,0 +1,255 @@
+//! What `keel run` and `keel serve` say about a run beside their output:
+//! the trace (`--trace`), the timeline (`--timeline`), the summary line and
+//! the `--stats` table; none of it changes stdout.
+
+use std::io::Write as _;
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+
+use rmcp::ServiceExt as _;
+use rmcp::model::CallToolRequestParams;
+use serde_json::{Value, json};
+
+/// A batch of every kind of call: a concurrent run (two greps and a sleep
+/// that reports progress), a write alone, a grep that fails, an input the
+/// schema refuses and an unknown tool whose name is markup.
+const BATCH: &str = r#"[
+    {"type":"tool_use","id":"t1","name":"grep","input":{"pattern":"alpha"}},
+    {"type":"tool_use","id":"t2","name":"sleep","input":{"ms":40,"steps":4}},
+    {"type":"tool_use","id":"t3","name":"grep","input":{"pattern":"beta"}},
+    {"type":"tool_use","id":"t4","name":"write_file","input":{"file_path":"b.txt","content":"x"}},
+    {"type":"tool_use","id":"t5","name":"grep","input":{"pattern":"x","path":"no/such/dir"}},
+    {"type":"tool_use","id":"t6","name":"write_file","input":{"file_path":"c.txt"}},
+    {"type":"tool_use","id":"t7\"><i>","name":"<script>x</script>","input":{}}
+]"#;
+
+const IDS: [&str; 7] = ["t1", "t2", "t3", "t4", "t5", "t6", "t7\"><i>"];
+
+fn keel(args: &[&str], cwd: &Path, stdin: &str) -> Output {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(args)
+        .current_dir(cwd)
+        .env("KEEL_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache"))
+        .env_remove("KEEL_LOG")
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success(), "keel {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+    output
+}
+
+fn workspace() -> tempfile::TempDir {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("a.txt"), "alpha\nbeta\n").unwrap();
+    workspace
+}
+
+/// The lines of `--events` output, parsed.
+fn events(stdout: &[u8]) -> Vec<Value> {
+    String::from_utf8_lossy(stdout).lines().map(|line| serde_json::from_str(line).unwrap()).collect()
+}
+
+fn of_type<'a>(events: &'a [Value], kind: &'a str) -> impl Iterator<Item = &'a Value> + 'a {
+    events.iter().filter(move |event| event["type"] == kind)
+}
+
+#[test]
+fn the_trace_has_a_span_per_step_of_every_call_and_the_groups_of_the_plan() {
+    let workspace = workspace();
+    let trace_path = workspace.path().join("run.trace.json");
+    let output =
+        keel(&["run", "--events", "--trace", trace_path.to_str().unwrap(), "-"], workspace.path(), BATCH);
+    let events = events(&output.stdout);
+    let trace: Value = serde_json::from_slice(&std::fs::read(&trace_path).unwrap()).unwrap();
+    assert_eq!(trace["displayTimeUnit"], "ms");
+    let trace = trace["traceEvents"].as_array().unwrap();
+    for event in trace {
+        assert!(["X", "i", "M"].contains(&event["ph"].as_str().unwrap()), "{event}");
+        assert!(event["ts"].is_u64() || event["ph"] == "M", "{event}");
+    }
+    let tracks: Vec<&str> = trace
+        .iter()
+        .filter(|event| event["name"] == "thread_name")
+        .map(|event| event["args"]["name"].as_str().unwrap())
+        .collect();
+    assert!(tracks.contains(&"plan") && tracks.contains(&"slot 1"), "{tracks:?}");
+
+    // Every step of every finished call, exactly as its figures give it.
+    let finished: Vec<&Value> = of_type(&events, "call_finished").collect();
+    assert_eq!(finished.len(), 5, "t6 and t7 are refused before they are planned");
+    for call in finished {
+        let id = &call["tool_use_id"];
+        let figures = &call["figures"];
+        let expected: Vec<(&str, u64)> = figures["steps"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|step| (step["step"].as_str().unwrap(), step["duration_us"].as_u64().unwrap()))
+            .collect();
+        for kind in ["questions", "setup", "call", "budget"] {
+            assert!(expected.iter().any(|(step, _)| *step == kind), "{id} has a {kind} step: {figures}");
+        }
+        let spans: Vec<(&str, u64)> = trace
+            .iter()
+            .filter(|event| {
+                event["ph"] == "X" && event["args"]["tool_use_id"] == *id && event["cat"] != "call"
+            })
+            .map(|event| (event["name"].as_str().unwrap(), event["dur"].as_u64().unwrap()))
+            .collect();
+        assert_eq!(spans, expected, "the steps of {id}");
+        let enclosing: Vec<&Value> = trace
+            .iter()
+            .filter(|event| event["cat"] == "call" && event["args"]["tool_use_id"] == *id)
+            .collect();
+        let [enclosing] = enclosing.as_slice() else { panic!("one span for {id}: {enclosing:?}") };
+        assert_eq!(enclosing["name"], figures["tool"]);
+        for figure in ["fuel", "memory_peak", "bytes_in", "bytes_out", "outcome"] {
+            assert_eq!(enclosing["args"][figure], figures[figure], "{figure} of {id}");
+        }
+    }
+
+    // The plan's groups, each a span on the plan's track.
+    let plan = of_type(&events, "batch_plan").next().unwrap();
+    let groups: Vec<&Value> = trace.iter().filter(|event| event["cat"] == "plan").collect();
+    let names: Vec<&str> = groups.iter().map(|group| group["name"].as_str().unwrap()).collect();
+    assert_eq!(names, ["concurrent run (3 calls)", "alone: write_file", "concurrent run (1 call)"]);
+    let planned: Vec<&Value> = plan["batches"].as_array().unwrap().iter().take(3).collect();
+    for (group, planned) in groups.iter().zip(planned) {
+        assert_eq!(group["args"]["tool_use_ids"], planned["tool_use_ids"]);
+    }
+
+    // sleep's progress, each report an instant.
+    let reported = of_type(&events, "progress").filter(|event| event["tool_use_id"] == "t2").count();
+    let instants =
+        trace.iter().filter(|event| event["ph"] == "i" && event["args"]["tool_use_id"] == "t2").count();
+    assert_eq!((reported, instants), (4, 4));
+}
+
+#[test]
+fn trace_timeline_and_stats_leave_stdout_as_it_was() {
+    let workspace = workspace();
+    let plain = keel(&["run", "-"], workspace.path(), BATCH);
+    let (trace, timeline) = (workspace.path().join("t.json"), workspace.path().join("t.html"));
+    let observed = keel(
+        &[
+            "run",
+            "--stats",
+            "--trace",
+            trace.to_str().unwrap(),
+            "--timeline",
+            timeline.to_str().unwrap(),
+            "-",
+        ],
+        workspace.path(),
+        BATCH,
+    );
+    assert_eq!(String::from_utf8_lossy(&observed.stdout), String::from_utf8_lossy(&plain.stdout));
+    assert!(trace.is_file() && timeline.is_file());
+
+    // Without --stats: one line, the summary.
+    let stderr = String::from_utf8(plain.stderr).unwrap();
+    let [summary] = stderr.lines().collect::<Vec<_>>()[..] else { panic!("one line: {stderr}") };
+    assert!(summary.starts_with("7 calls, 3 errors, "), "{summary}");
+    assert!(summary.contains("; slowest: sleep (t2) "), "{summary}");
+
+    // With it: a table naming every call, then the summary.
+    let stderr = String::from_utf8(observed.stderr).unwrap();
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 1 + IDS.len() + 1, "{stderr}");
+    assert!(lines[0].starts_with("tool ") && lines[0].contains("questions") && lines[0].ends_with("out"));
+    for (line, id) in lines[1..].iter().zip(IDS) {
+        assert!(line.contains(id), "{line} names {id}");
+    }
+    assert!(lines[2].starts_with("sleep ") && lines[2].contains(" ok "), "{}", lines[2]);
+    assert!(lines[5].contains(" error "), "{}", lines[5]);
+    assert!(lines.last().unwrap().starts_with("7 calls, 3 errors, "));
+}
+
+#[test]
+fn the_timeline_names_every_call_escapes_what_tools_control_and_loads_nothing() {
+    let workspace = workspace();
+    let path = workspace.path().join("timeline.html");
+    keel(&["run", "--timeline", path.to_str().unwrap(), "-"], workspace.path(), BATCH);
+    let html = std::fs::read_to_string(&path).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"));
+    for id in IDS {
+        let shown = id.replace('"', "&quot;").replace('<', "&lt;").replace('>', "&gt;");
+        assert!(html.contains(&format!(r#"<tspan class="id">{shown}</tspan>"#)), "the timeline names {id}");
+    }
+    assert!(html.contains("&lt;script&gt;x&lt;/script&gt;"));
+    let lower = html.to_lowercase();
+    for markup in ["<script", "<i>", "<link", "@import", "<iframe", "src=", "href=", "url(http", "url(//"] {
+        assert!(!lower.contains(markup), "the timeline holds {markup}");
+    }
+    // The one URL it holds is the SVG namespace, which names and loads nothing.
+    let urls: Vec<&str> = lower.match_indices("http").map(|(at, _)| &lower[at..at + 26]).collect();
+    assert!(urls.iter().all(|url| url.starts_with("http://www.w3.org/2000/svg")), "{urls:?}");
+    for step in ["questions", "setup", "permission", "call", "budget", "waiting", "progress"] {
+        assert!(html.contains(step), "the legend names {step}");
+    }
+}
+
+#[test]
+fn a_trace_that_cannot_be_written_stops_the_run_before_it_starts_naming_the_path() {
+    let workspace = workspace();
+    std::fs::write(workspace.path().join("batch.json"), BATCH).unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_keel"))
+        .args(["run", "--trace", "no/such/dir/t.json", "batch.json"])
+        .current_dir(workspace.path())
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with("error: failed to write trace no/such/dir/t.json: "), "{stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keel_serve_keeps_each_call_in_its_trace_once_it_finished() {
+    let workspace = workspace();
+    let trace_path = workspace.path().join("serve.trace.json");
+    let mut command = tokio::process::Command::new(env!("CARGO_BIN_EXE_keel"));
+    command
+        .args(["serve", "--trace", trace_path.to_str().unwrap()])
+        .current_dir(workspace.path())
+        .env("KEEL_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache"))
+        .env_remove("KEEL_LOG");
+    let transport = rmcp::transport::TokioChildProcess::new(command).unwrap();
+    let client = ().serve(transport).await.unwrap();
+    for (tool, arguments) in
+        [("grep", json!({ "pattern": "alpha" })), ("sleep", json!({ "ms": 10, "steps": 2 }))]
+    {
+        let Value::Object(arguments) = arguments else { unreachable!() };
+        client.call_tool(CallToolRequestParams::new(tool).with_arguments(arguments)).await.unwrap();
+    }
+    // The file is written after each call, off the call's path.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    let spans = loop {
+        let trace: Value = serde_json::from_slice(&std::fs::read(&trace_path).unwrap()).unwrap();
+        let spans: Vec<(String, String)> = trace["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|event| event["cat"] == "call")
+            .map(|event| {
+                (
+                    event["name"].as_str().unwrap().into(),
+                    event["args"]["tool_use_id"].as_str().unwrap().into(),
+                )
+            })
+            .collect();
+        if spans.len() == 2 || std::time::Instant::now() > deadline {
+            break spans;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    };
+    assert_eq!(
+        spans,
+        [("grep".to_string(), "mcp-0".to_string()), ("sleep".to_string(), "mcp-1".to_string())]
+    );
+    client.cancel().await.unwrap();
+}
