@@ -93,17 +93,22 @@ fn the_trace_has_a_span_per_step_of_every_call_and_the_groups_of_the_plan() {
         for kind in ["questions", "setup", "call", "budget"] {
             assert!(expected.iter().any(|(step, _)| *step == kind), "{id} has a {kind} step: {figures}");
         }
-        let spans: Vec<(&str, u64)> = trace
+        let mut spans: Vec<(u64, &str, u64)> = trace
             .iter()
             .filter(|event| {
-                event["ph"] == "X" && event["args"]["tool_use_id"] == *id && event["cat"] != "call"
+                event["ph"] == "X" && event["args"]["tool_use_id"] == *id && event["cat"] != "tool"
             })
-            .map(|event| (event["name"].as_str().unwrap(), event["dur"].as_u64().unwrap()))
+            .map(|event| {
+                let ts = event["ts"].as_u64().unwrap();
+                (ts, event["name"].as_str().unwrap(), event["dur"].as_u64().unwrap())
+            })
             .collect();
+        spans.sort_by_key(|span| span.0);
+        let spans: Vec<(&str, u64)> = spans.into_iter().map(|(_, name, dur)| (name, dur)).collect();
         assert_eq!(spans, expected, "the steps of {id}");
         let enclosing: Vec<&Value> = trace
             .iter()
-            .filter(|event| event["cat"] == "call" && event["args"]["tool_use_id"] == *id)
+            .filter(|event| event["cat"] == "tool" && event["args"]["tool_use_id"] == *id)
             .collect();
         let [enclosing] = enclosing.as_slice() else { panic!("one span for {id}: {enclosing:?}") };
         assert_eq!(enclosing["name"], figures["tool"]);
@@ -234,7 +239,7 @@ async fn keel_serve_keeps_each_call_in_its_trace_once_it_finished() {
             .as_array()
             .unwrap()
             .iter()
-            .filter(|event| event["cat"] == "call")
+            .filter(|event| event["cat"] == "tool")
             .map(|event| {
                 (
                     event["name"].as_str().unwrap().into(),

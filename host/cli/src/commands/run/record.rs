@@ -191,7 +191,7 @@ impl CallRecord {
     pub fn split_steps(&self) -> (Vec<StepTime>, Vec<StepTime>) {
         let Some(figures) = &self.figures else { return (Vec::new(), Vec::new()) };
         let turn = self.started_us.unwrap_or(u64::MAX);
-        figures.steps.iter().cloned().partition(|step| step.start_us + step.duration_us <= turn)
+        figures.steps.iter().cloned().partition(|step| step.end_us() <= turn)
     }
 
     /// The span of its turn: from its `call_started` (or its first step of
@@ -200,7 +200,7 @@ impl CallRecord {
     pub fn turn(&self) -> Option<(u64, u64)> {
         let (_, turn) = self.split_steps();
         let first = turn.first().map(|step| step.start_us);
-        let last = turn.iter().map(|step| step.start_us + step.duration_us).max();
+        let last = turn.iter().map(|step| step.end_us()).max();
         let start = match (self.started_us, first) {
             (Some(started), Some(first)) => started.min(first),
             (started, first) => started.or(first)?,
@@ -239,17 +239,6 @@ pub fn shorten(text: &str, chars: usize) -> String {
     match text.char_indices().nth(chars) {
         Some((cut, _)) => format!("{}…", &text[..cut]),
         None => text.to_string(),
-    }
-}
-
-/// The name of a step as the trace and the timeline show it.
-pub fn step_name(step: Step) -> &'static str {
-    match step {
-        Step::Questions => "questions",
-        Step::Setup => "setup",
-        Step::Permission => "permission",
-        Step::Call => "call",
-        Step::Budget => "budget",
     }
 }
 
@@ -305,9 +294,19 @@ pub struct Layout<'a> {
     pub slots: usize,
     /// How many lanes their planning needs.
     pub planning_lanes: usize,
-    /// The plan's groups, each with its label and span (`None` when none of
-    /// its calls had a turn).
-    pub groups: Vec<(&'a PlannedGroup, String, Option<(u64, u64)>)>,
+    /// The plan's groups.
+    pub groups: Vec<Group<'a>>,
+}
+
+/// One group of the plan placed.
+pub struct Group<'a> {
+    /// The group.
+    pub group: &'a PlannedGroup,
+    /// Its label ([`group_label`]).
+    pub label: String,
+    /// From the first start of a turn of its calls to the last end; `None`
+    /// when none of its calls had a turn.
+    pub span: Option<(u64, u64)>,
 }
 
 /// One call placed.
@@ -336,7 +335,7 @@ impl<'a> Layout<'a> {
             .iter()
             .map(|(planning, _)| {
                 let start = planning.first()?.start_us;
-                let end = planning.iter().map(|step| step.start_us + step.duration_us).max()?;
+                let end = planning.iter().map(|step| step.end_us()).max()?;
                 Some((start, end))
             })
             .collect();
@@ -371,7 +370,7 @@ impl<'a> Layout<'a> {
                     placed.iter().filter(|placed| group.tool_use_ids.contains(&placed.call.tool_use_id));
                 let spans: Vec<(u64, u64)> = spans.filter_map(|placed| Some(placed.turn?.0)).collect();
                 let span = spans.iter().map(|span| span.0).min().zip(spans.iter().map(|span| span.1).max());
-                (group, group_label(group, recording), span)
+                Group { group, label: group_label(group, recording), span }
             })
             .collect();
         Layout { origin_us, end_us, calls: placed, slots, planning_lanes, groups }

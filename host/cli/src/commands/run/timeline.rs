@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 
 use keel_host::events::{Step, StepTime};
 
-use super::record::{Layout, Placed, Recording, shorten, step_name};
+use super::record::{Group, Layout, Placed, Recording, shorten};
 use super::stats::{bytes, duration};
 
 /// The width of the drawing, in px: it fits a 1200 px window.
@@ -100,7 +100,7 @@ pub fn page(recording: &Recording, title: &str, summary: &str) -> String {
     // The plan.
     let plan_y = AXIS;
     let _ = write!(svg, r##"<text x="12" y="{:.1}" class="lane">plan</text>"##, plan_y + LANE / 2.0 + 4.0);
-    for (group, label, span) in &layout.groups {
+    for Group { group, label, span } in &layout.groups {
         let Some((start, end)) = span else { continue };
         let (left, right) = (x(*start), x(*end).max(x(*start) + MIN_MARK));
         let class = if group.concurrent { "group concurrent" } else { "group alone" };
@@ -129,11 +129,9 @@ pub fn page(recording: &Recording, title: &str, summary: &str) -> String {
         lane(&mut svg, &layout, placed, top, &x);
     }
 
-    let legend: String = [Step::Questions, Step::Setup, Step::Permission, Step::Call, Step::Budget]
+    let legend: String = Step::ALL
         .into_iter()
-        .map(|step| {
-            format!(r##"<span><i style="background:{}"></i>{}</span>"##, colour(step), step_name(step))
-        })
+        .map(|step| format!(r##"<span><i style="background:{}"></i>{}</span>"##, colour(step), step.as_str()))
         .chain([
             r##"<span><i class="waiting-swatch"></i>waiting for its turn</span>"##.to_string(),
             r##"<span><i class="tick-swatch"></i>progress</span>"##.to_string(),
@@ -207,7 +205,7 @@ fn lane(svg: &mut String, layout: &Layout<'_>, placed: &Placed<'_>, top: f64, x:
             LANE_LABEL_CHARS.saturating_sub(call.tool.chars().count() + 1).max(4)
         )),
     );
-    let planned_end = placed.planning.iter().map(|step| step.start_us + step.duration_us).max();
+    let planned_end = placed.planning.iter().map(|step| step.end_us()).max();
     if let (Some(planned_end), Some(((start, _), _))) = (planned_end, placed.turn)
         && start > planned_end
     {
@@ -287,13 +285,13 @@ fn step_mark(
     x: &impl Fn(u64) -> f64,
 ) {
     let left = x(step.start_us);
-    let width = (x(step.start_us + step.duration_us) - left).max(MIN_MARK);
+    let width = (x(step.end_us()) - left).max(MIN_MARK);
     let _ = write!(
         svg,
         r##"<g><title>{tip}</title><rect x="{left:.1}" y="{y:.1}" width="{width:.1}" height="{BAR}" fill="{fill}"/></g>"##,
         tip = escape(&format!(
             "{tool}: {} {} at {}",
-            step_name(step.step),
+            step.step.as_str(),
             duration(step.duration_us),
             duration(layout.relative(step.start_us))
         )),
@@ -315,9 +313,9 @@ fn figures_tip(placed: &Placed<'_>) -> String {
         let _ = write!(tip, "\nwall: {}", duration(wall));
     }
     if let Some(figures) = &call.figures {
-        let steps: Vec<String> = [Step::Questions, Step::Setup, Step::Permission, Step::Call, Step::Budget]
+        let steps: Vec<String> = Step::ALL
             .into_iter()
-            .map(|step| format!("{} {}", step_name(step), duration(figures.duration_us(step))))
+            .map(|step| format!("{} {}", step.as_str(), duration(figures.duration_us(step))))
             .collect();
         let _ = write!(tip, "\n{}", steps.join(", "));
         if let Some(fuel) = figures.fuel {

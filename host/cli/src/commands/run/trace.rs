@@ -15,7 +15,7 @@ use anyhow::{Context as _, Result};
 use keel_host::Event;
 use serde_json::{Value, json};
 
-use super::record::{Layout, Placed, Recording, step_name};
+use super::record::{Group, Layout, Placed, Recording};
 
 /// The process every track belongs to.
 const PID: u64 = 1;
@@ -45,7 +45,7 @@ pub fn trace(recording: &Recording, process: &str) -> Value {
     for lane in 0..layout.planning_lanes {
         track(planning_tid(lane), format!("planning {}", lane + 1));
     }
-    for (group, label, span) in &layout.groups {
+    for Group { group, label, span } in &layout.groups {
         let Some((start, end)) = span else { continue };
         events.push(json!({
             "name": label, "cat": "plan", "ph": "X", "pid": PID, "tid": PLAN_TID,
@@ -58,7 +58,7 @@ pub fn trace(recording: &Recording, process: &str) -> Value {
         let ids = json!({ "tool": call.tool, "tool_use_id": call.tool_use_id });
         if let Some(((start, end), slot)) = placed.turn {
             events.push(json!({
-                "name": call.tool, "cat": "call", "ph": "X", "pid": PID, "tid": slot_tid(slot),
+                "name": call.tool, "cat": "tool", "ph": "X", "pid": PID, "tid": slot_tid(slot),
                 "ts": layout.relative(start), "dur": end - start, "args": figures_args(placed),
             }));
             for step in &placed.steps {
@@ -91,7 +91,7 @@ pub fn trace(recording: &Recording, process: &str) -> Value {
 
 /// A complete event for one step of a call.
 fn step_event(layout: &Layout<'_>, step: &keel_host::events::StepTime, tid: usize, ids: &Value) -> Value {
-    let name = step_name(step.step);
+    let name = step.step.as_str();
     json!({
         "name": name, "cat": name, "ph": "X", "pid": PID, "tid": tid,
         "ts": layout.relative(step.start_us), "dur": step.duration_us, "args": ids,
