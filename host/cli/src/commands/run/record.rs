@@ -185,13 +185,21 @@ impl Recording {
 }
 
 impl CallRecord {
-    /// Its steps before its turn (planning: those that ended before its
-    /// `call_started`), and those from its turn on. A call that never
-    /// started (interrupted first) only planned.
+    /// Its steps when it was planned, and those of its turn. The turn
+    /// begins a little before its `call_started` (a replan, the activity
+    /// question), so the split is the widest gap between two steps before
+    /// `call_started`: planning is one stretch of work, and the wait for the
+    /// turn comes after it. A call that never started (interrupted first)
+    /// only planned.
     pub fn split_steps(&self) -> (Vec<StepTime>, Vec<StepTime>) {
         let Some(figures) = &self.figures else { return (Vec::new(), Vec::new()) };
-        let turn = self.started_us.unwrap_or(u64::MAX);
-        figures.steps.iter().cloned().partition(|step| step.end_us() <= turn)
+        let steps = &figures.steps;
+        let Some(started) = self.started_us else { return (steps.clone(), Vec::new()) };
+        let before = steps.iter().take_while(|step| step.start_us < started).count();
+        let split = (1..=before.min(steps.len().saturating_sub(1)))
+            .max_by_key(|&index| steps[index].start_us.saturating_sub(steps[index - 1].end_us()))
+            .unwrap_or(0);
+        (steps[..split].to_vec(), steps[split..].to_vec())
     }
 
     /// The span of its turn: from its `call_started` (or its first step of
@@ -385,6 +393,46 @@ impl<'a> Layout<'a> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use keel_host::events::Outcome;
+
+    fn step(step: Step, start_us: u64, duration_us: u64) -> StepTime {
+        StepTime { step, start_us, duration_us }
+    }
+
+    #[test]
+    fn a_call_planned_early_waits_between_its_planning_and_its_turn() {
+        let steps = vec![
+            step(Step::Questions, 0, 8),
+            step(Step::Setup, 8, 495),
+            step(Step::Questions, 503, 90),
+            // Its turn: the activity asked, then its checks, a little before
+            // its `call_started` arrived.
+            step(Step::Questions, 47_941, 87),
+            step(Step::Questions, 48_032, 31),
+            step(Step::Permission, 48_064, 6),
+            step(Step::Call, 48_071, 1_158),
+            step(Step::Budget, 49_230, 4),
+        ];
+        let figures = CallFigures {
+            tool: "write_file".into(),
+            steps: steps.clone(),
+            fuel: Some(1),
+            memory_peak: Some(1),
+            bytes_in: 1,
+            bytes_out: 1,
+            outcome: Outcome::Ok,
+        };
+        let call = CallRecord {
+            started_us: Some(48_030),
+            finished_us: Some(49_240),
+            figures: Some(figures),
+            ..CallRecord::default()
+        };
+        let (planning, turn) = call.split_steps();
+        assert_eq!((planning.as_slice(), turn.as_slice()), steps.split_at(3));
+        assert_eq!(call.turn(), Some((47_941, 49_240)));
+        assert_eq!(call.wall_us(), Some(1_299));
+    }
 
     #[test]
     fn slots_are_reused_once_free_and_added_only_for_overlaps() {

@@ -153,7 +153,7 @@ h1 {{ font-size: 18px; margin: 0 0 2px; }}
 .summary {{ color: #4a5568; margin: 0 0 10px; }}
 .legend {{ display: flex; flex-wrap: wrap; gap: 6px 16px; font-size: 12px; color: #4a5568; margin-bottom: 8px; }}
 .legend i {{ display: inline-block; width: 12px; height: 12px; border-radius: 2px; margin-right: 5px; vertical-align: -1px; }}
-.legend .waiting-swatch {{ background: repeating-linear-gradient(135deg, #e3e7ee 0 3px, #fff 3px 6px); border: 1px solid #c9d0db; box-sizing: border-box; }}
+.legend .waiting-swatch {{ background: repeating-linear-gradient(135deg, #d3dae6 0 3px, #fff 3px 6px); border: 1px solid #c9d0db; box-sizing: border-box; }}
 .legend .tick-swatch {{ width: 2px; background: #1d2430; }}
 svg text {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; }}
 .grid {{ stroke: #edf0f4; }}
@@ -176,7 +176,7 @@ g:hover > rect {{ filter: brightness(0.9); }}
 <p class="summary">{summary}</p>
 <div class="legend">{legend}</div>
 <svg xmlns="http://www.w3.org/2000/svg" width="{WIDTH}" height="{height:.0}" viewBox="0 0 {WIDTH} {height:.0}">
-<defs><pattern id="waiting" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff"/><rect width="3" height="6" fill="#e3e7ee"/></pattern></defs>
+<defs><pattern id="waiting" width="6" height="6" patternUnits="userSpaceOnUse" patternTransform="rotate(45)"><rect width="6" height="6" fill="#fff"/><rect width="3" height="6" fill="#d3dae6"/></pattern></defs>
 {svg}
 </svg>
 </body>
