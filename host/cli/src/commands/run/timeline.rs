@@ -111,14 +111,22 @@ pub fn page(recording: &Recording, title: &str, summary: &str) -> String {
             y = plan_y + (LANE - BAR) / 2.0,
             w = right - left,
         );
-        // The label inside when it fits; its tooltip always has it.
-        if label.chars().count() as f64 * LABEL_CHAR + 8.0 <= right - left {
+        // The label inside when it fits, else a shorter one; its tooltip
+        // always has it.
+        let calls = group.tool_use_ids.len();
+        let short = if group.concurrent {
+            format!("{calls} call{}", if calls == 1 { "" } else { "s" })
+        } else {
+            label.trim_start_matches("alone: ").to_string()
+        };
+        let fits = |text: &str| text.chars().count() as f64 * LABEL_CHAR + 8.0 <= right - left;
+        if let Some(text) = [label.as_str(), short.as_str()].into_iter().find(|text| fits(text)) {
             let _ = write!(
                 svg,
                 r##"<text x="{x:.1}" y="{y:.1}" class="group-label">{text}</text>"##,
                 x = left + 4.0,
                 y = plan_y + (LANE - BAR) / 2.0 + 12.0,
-                text = escape(label),
+                text = escape(text),
             );
         }
         svg.push_str("</g>");
