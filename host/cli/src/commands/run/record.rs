@@ -108,6 +108,7 @@ impl Recording {
                 if *is_error {
                     call.error = content.text().lines().next().map(|line| shorten(line, ERROR_CHARS));
                 }
+                self.trim();
             }
             Event::Progress { tool_use_id, data } => {
                 let text = match data.get("message").and_then(Value::as_str) {
@@ -155,11 +156,12 @@ impl Recording {
         &mut self.calls[index]
     }
 
-    /// Drop the oldest finished calls over the limit.
+    /// Drop the oldest finished calls over the limit (a call refused
+    /// before it was planned finishes with its result).
     fn trim(&mut self) {
         let Some(limit) = self.limit else { return };
         while self.calls.len() > limit {
-            match self.calls.iter().position(|call| call.finished_us.is_some()) {
+            match self.calls.iter().position(|call| call.finished_us.is_some() || call.is_error.is_some()) {
                 Some(index) => drop(self.calls.remove(index)),
                 None => break,
             }
@@ -397,6 +399,22 @@ mod tests {
 
     fn step(step: Step, start_us: u64, duration_us: u64) -> StepTime {
         StepTime { step, start_us, duration_us }
+    }
+
+    #[test]
+    fn a_bounded_recording_keeps_the_latest_finished_calls_and_every_running_one() {
+        let mut recording = Recording::bounded(2);
+        let started =
+            |id: &str| Event::CallStarted { tool_use_id: id.into(), tool: "sleep".into(), activity: None };
+        let finished =
+            |id: &str| Event::CallFinished { tool_use_id: id.into(), is_error: false, figures: None };
+        recording.record_at(&started("running"), 1);
+        for (at, id) in ["a", "b", "c"].into_iter().enumerate() {
+            recording.record_at(&started(id), at as u64);
+            recording.record_at(&finished(id), at as u64 + 1);
+        }
+        let kept: Vec<&str> = recording.calls.iter().map(|call| call.tool_use_id.as_str()).collect();
+        assert_eq!(kept, ["running", "c"]);
     }
 
     #[test]

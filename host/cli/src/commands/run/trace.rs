@@ -147,10 +147,16 @@ pub fn write(path: &Path, contents: &[u8], what: &str) -> Result<()> {
 /// that the file of a long-lived server stays a size a viewer opens.
 pub const SERVE_TRACE_CALLS: usize = 10_000;
 
+/// The least time between two writes of `keel serve --trace`: a file of
+/// 10,000 calls is megabytes, and a busy server finishes thousands of calls
+/// a second.
+const SERVE_TRACE_INTERVAL: std::time::Duration = std::time::Duration::from_millis(100);
+
 /// `keel serve --trace FILE`: the calls served so far (the last
-/// [`SERVE_TRACE_CALLS`]), written again after each call finishes. The
-/// writing happens on a thread of its own, off every call's path; calls
-/// that finish while it writes are in its next write.
+/// [`SERVE_TRACE_CALLS`]), written again after each call finishes, at most
+/// once per [`SERVE_TRACE_INTERVAL`]. The writing happens on a thread of
+/// its own, off every call's path; calls that finish while it writes or
+/// waits are in its next write.
 pub struct TraceFile {
     recording: Arc<Mutex<Recording>>,
     finished: mpsc::Sender<()>,
@@ -168,11 +174,15 @@ impl TraceFile {
             .name("keel-trace".into())
             .spawn(move || {
                 while calls.recv().is_ok() {
+                    let began = std::time::Instant::now();
                     while calls.try_recv().is_ok() {}
                     let recording = kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
                     if let Err(error) = write(&path, &to_bytes(&trace(&recording, "keel serve")), "trace") {
                         tracing::warn!("{error:#}");
                     }
+                    // Under a stream of calls, one write per interval, not
+                    // one after another on a core the calls need.
+                    std::thread::sleep(SERVE_TRACE_INTERVAL.saturating_sub(began.elapsed()));
                 }
             })
             .context("failed to start the trace writer")?;
