@@ -304,8 +304,8 @@ impl Server {
             interrupt.interrupt();
         }
         // Every event goes to an events file; a client with a progress token
-        // or a log level reads only what the tool reports; the metrics read
-        // a call's start and end.
+        // or a log level reads only what the tool reports; the metrics and a
+        // trace read a call's start and end too.
         let meter = self.metrics.as_ref().map(|metrics| Arc::new(metrics.arrive(tool)));
         let (events, progress_to, log_to) = (self.events.clone(), progress.clone(), log.clone());
         let meter_to = meter.clone();
