@@ -323,11 +323,12 @@ pub struct Group<'a> {
 pub struct Placed<'a> {
     /// The call.
     pub call: &'a CallRecord,
-    /// Its planning steps and the steps of its turn.
+    /// The steps it took when it was planned, before its turn.
     pub planning: Vec<StepTime>,
     /// The steps from its turn on.
     pub steps: Vec<StepTime>,
-    /// Its turn, and the slot it ran in.
+    /// Its turn, and the slot it ran in; `None` for a call that never
+    /// started.
     pub turn: Option<((u64, u64), usize)>,
     /// The planning lane of its planning steps.
     pub planning_lane: Option<usize>,
