@@ -158,43 +158,70 @@ const SERVE_TRACE_INTERVAL: std::time::Duration = std::time::Duration::from_mill
 /// its own, off every call's path; calls that finish while it writes or
 /// waits are in its next write.
 pub struct TraceFile {
-    recording: Arc<Mutex<Recording>>,
+    shared: Arc<Shared>,
     finished: mpsc::Sender<()>,
+}
+
+/// What the writer thread and the calls share.
+struct Shared {
+    path: PathBuf,
+    recording: Mutex<Recording>,
+    /// Held across a write, so that writes never overtake one another: each
+    /// takes its copy of the recording once it holds it.
+    writing: Mutex<()>,
+}
+
+impl Shared {
+    fn write(&self) {
+        let _writing = self.writing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let recording = self.recording.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
+        if let Err(error) = write(&self.path, &to_bytes(&trace(&recording, "keel serve")), "trace") {
+            tracing::warn!("{error:#}");
+        }
+    }
 }
 
 impl TraceFile {
     /// Start the trace at `path`, writing an empty one at once: a path that
     /// cannot be written fails here, naming it.
     pub fn create(path: &Path) -> Result<Self> {
-        let recording = Arc::new(Mutex::new(Recording::bounded(SERVE_TRACE_CALLS)));
         write(path, &to_bytes(&trace(&Recording::default(), "keel serve")), "trace")?;
+        let shared = Arc::new(Shared {
+            path: path.to_path_buf(),
+            recording: Mutex::new(Recording::bounded(SERVE_TRACE_CALLS)),
+            writing: Mutex::new(()),
+        });
         let (finished, calls) = mpsc::channel::<()>();
-        let (kept, path) = (recording.clone(), PathBuf::from(path));
+        let writer = shared.clone();
         std::thread::Builder::new()
             .name("keel-trace".into())
             .spawn(move || {
                 while calls.recv().is_ok() {
                     let began = std::time::Instant::now();
                     while calls.try_recv().is_ok() {}
-                    let recording = kept.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-                    if let Err(error) = write(&path, &to_bytes(&trace(&recording, "keel serve")), "trace") {
-                        tracing::warn!("{error:#}");
-                    }
+                    writer.write();
                     // Under a stream of calls, one write per interval, not
                     // one after another on a core the calls need.
                     std::thread::sleep(SERVE_TRACE_INTERVAL.saturating_sub(began.elapsed()));
                 }
             })
             .context("failed to start the trace writer")?;
-        Ok(TraceFile { recording, finished })
+        Ok(TraceFile { shared, finished })
     }
 
     /// Keep `event`; once a call finished, write the file again.
     pub fn record(&self, event: &Event) {
-        self.recording.lock().unwrap_or_else(std::sync::PoisonError::into_inner).record(event);
+        self.shared.recording.lock().unwrap_or_else(std::sync::PoisonError::into_inner).record(event);
         if matches!(event, Event::CallFinished { .. }) {
             let _ = self.finished.send(());
         }
+    }
+}
+
+impl Drop for TraceFile {
+    /// The server is stopping: write what the writer may not have yet.
+    fn drop(&mut self) {
+        self.shared.write();
     }
 }
 
