@@ -1,6 +1,6 @@
 //! The figures `call_finished` carries: each step's time, the fuel burnt,
 //! the memory peak, the bytes in and out, and the outcome, for calls whose
-//! cost is known.
+//! cost is known; and the progress a long call reports in MCP's shape.
 
 use keel_host::events::{CallFigures, Outcome, Step};
 use keel_host::limits::Limits;
@@ -141,4 +141,28 @@ fn outcomes_say_how_each_call_ended() {
     // A call refused before it was planned has a result and no figures.
     assert!(all.iter().all(|(id, _)| id != "unknown"));
     assert_eq!(results.len(), 6);
+}
+
+#[test]
+fn a_long_hash_reports_its_progress_as_a_count_a_total_and_a_message() {
+    let workspace = tempfile::tempdir().unwrap();
+    let host = crate::block_on(host_of(workspace.path(), &["keel_tool_hash"]).build()).unwrap();
+    // 1 KiB repeated 65,536 times: 64 MiB, the least that reports.
+    let (events, results, _) = events_of(&host, vec![hash("long", 65_536)]);
+    assert!(!results[0].is_error, "{results:?}");
+    let activity = events.iter().find_map(|event| match event {
+        Event::CallStarted { activity, .. } => activity.clone(),
+        _ => None,
+    });
+    assert_eq!(activity.as_deref(), Some("Hashing 64 MiB"));
+    let reports: Vec<&Value> = events
+        .iter()
+        .filter_map(|event| match event {
+            Event::Progress { data, .. } => Some(data),
+            _ => None,
+        })
+        .collect();
+    assert_eq!(reports.len(), 16, "{reports:?}");
+    assert_eq!(reports[0], &json!({ "progress": 4, "total": 64, "message": "Hashed 4 of 64 MiB" }));
+    assert_eq!(reports[15], &json!({ "progress": 64, "total": 64, "message": "Hashed 64 of 64 MiB" }));
 }

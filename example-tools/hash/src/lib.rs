@@ -2,9 +2,11 @@
 //! A text may be repeated, so a call can hash many bytes it makes itself.
 //!
 //! Read-only and concurrency-safe. Hashing a file names the file, from the
-//! workspace root, as its permission subject; hashing a text names none.
+//! workspace root, as its permission subject; hashing a text names none. A
+//! repeated text of [`PROGRESS_FROM_BYTES`] or more reports its progress in
+//! MiB, at most sixteen times over the call.
 
-use keel_guest::{Context, Output, Result, Tool, bail};
+use keel_guest::{Context, Output, Progress, Result, Tool, bail};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -15,6 +17,10 @@ pub const MAX_ROUNDS: u64 = 100_000_000;
 
 /// Most bytes a repeated text may come to, 1 GiB: seconds of work, not hours.
 pub const MAX_REPEATED_BYTES: u64 = 1 << 30;
+
+/// The smallest repeated text whose hashing reports progress, 64 MiB: a
+/// fraction of a second or more of work.
+pub const PROGRESS_FROM_BYTES: u64 = 64 << 20;
 
 /// Input of `hash`: exactly one of `text` and `file_path`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -55,6 +61,16 @@ impl Tool for Hash {
         true
     }
 
+    fn activity_description(input: &Input, _cx: &Context) -> Option<String> {
+        // Only a repeated text is long enough work to be worth a line.
+        let (text, repeat) = (input.text.as_ref()?, input.repeat?);
+        let bytes = repeat.saturating_mul(text.len() as u64);
+        Some(match bytes {
+            bytes if bytes >= 1 << 20 => format!("Hashing {} MiB", bytes >> 20),
+            bytes => format!("Hashing {bytes} bytes"),
+        })
+    }
+
     fn permission_subject(input: &Input, cx: &Context) -> Option<String> {
         input.file_path.as_ref().map(|path| cx.workspace_relative(path))
     }
@@ -86,7 +102,19 @@ impl Tool for Hash {
         let bytes = match (&input.text, &input.file_path) {
             (Some(text), _) if input.repeat.is_some() => {
                 let repeat = input.repeat.unwrap_or(1);
-                return Ok(Output::text(hex(&digest_repeated(text.as_bytes(), repeat, rounds))));
+                let total = repeat.saturating_mul(text.len() as u64);
+                let digest = if total >= PROGRESS_FROM_BYTES {
+                    digest_repeated_reporting(text.as_bytes(), repeat, rounds, |done| {
+                        let (done, total) = ((done * text.len() as u64) >> 20, total >> 20);
+                        Progress::new(done)
+                            .total(total)
+                            .message(format!("Hashed {done} of {total} MiB"))
+                            .report();
+                    })
+                } else {
+                    digest_repeated(text.as_bytes(), repeat, rounds)
+                };
+                return Ok(Output::text(hex(&digest)));
             }
             (Some(text), _) => text.clone().into_bytes(),
             (None, Some(path)) => std::fs::read(cx.resolve(path))
@@ -99,9 +127,27 @@ impl Tool for Hash {
 
 /// [`digest`] of `bytes` repeated `repeat` times, without making the copies.
 pub fn digest_repeated(bytes: &[u8], repeat: u64, rounds: u64) -> [u8; 32] {
+    digest_repeated_reporting(bytes, repeat, rounds, |_| {})
+}
+
+/// [`digest_repeated`], calling `done` with the repeats hashed so far after
+/// each sixteenth of them (the last one short).
+pub fn digest_repeated_reporting(
+    bytes: &[u8],
+    repeat: u64,
+    rounds: u64,
+    mut done: impl FnMut(u64),
+) -> [u8; 32] {
     let mut hasher = Sha256::new();
-    for _ in 0..repeat {
-        hasher.update(bytes);
+    let step = repeat.div_ceil(16).max(1);
+    let mut hashed = 0;
+    while hashed < repeat {
+        let until = (hashed + step).min(repeat);
+        for _ in hashed..until {
+            hasher.update(bytes);
+        }
+        hashed = until;
+        done(hashed);
     }
     let mut digest: [u8; 32] = hasher.finalize().into();
     for _ in 1..rounds {
@@ -197,5 +243,17 @@ mod tests {
         assert_eq!(Hash::permission_subject(&file("k.txt"), &secrets).as_deref(), Some("secrets/k.txt"));
         assert_eq!(Hash::permission_subject(&file("../a/./b"), &secrets).as_deref(), Some("a/b"));
         assert_eq!(Hash::permission_subject(&text("k.txt", None), &secrets), None);
+    }
+
+    #[test]
+    fn a_long_repeat_reports_sixteen_times_and_hashes_the_same() {
+        let mut reports = Vec::new();
+        let digest = digest_repeated_reporting(b"ab", 100, 1, |done| reports.push(done));
+        assert_eq!(digest, digest_repeated(b"ab", 100, 1));
+        assert_eq!(digest, super::digest(&b"ab".repeat(100), 1));
+        assert_eq!(reports.len(), 15, "{reports:?}");
+        assert_eq!(reports.first(), Some(&7));
+        assert_eq!(reports.last(), Some(&100));
+        assert!(reports.windows(2).all(|pair| pair[0] < pair[1]));
     }
 }
