@@ -244,7 +244,12 @@ impl LiveProgress {
             }
             Event::CallFinished { tool_use_id, is_error, .. } => {
                 if let Some((bar, _)) = running.remove(tool_use_id) {
-                    bar.finish_with_message(if *is_error { "failed" } else { "done" });
+                    // A failed call's bar stays where it stopped.
+                    if *is_error {
+                        bar.abandon_with_message("failed");
+                    } else {
+                        bar.finish_with_message("done");
+                    }
                 }
             }
             _ => {}
@@ -268,7 +273,9 @@ impl Shown {
     /// The line for `data`, reported by a call doing `activity`: MCP's
     /// shape (`{"progress": n, "total": m, "message": …}`) makes a bar with
     /// its message; a report with only a `message`, or a string, shows that;
-    /// any other shows its JSON text, shortened; the activity stays in front.
+    /// any other is not words for a person, so the activity alone stays, and
+    /// only a call with no activity shows the report's JSON text, shortened.
+    /// The activity stays in front.
     fn of(activity: Option<&str>, data: &serde_json::Value) -> Self {
         let number = |key: &str| data.get(key).and_then(serde_json::Value::as_f64);
         let count = number("progress").zip(number("total")).map(|(done, total)| (done as u64, total as u64));
@@ -276,6 +283,7 @@ impl Shown {
             (Some(message), _) => Some(message.to_string()),
             (None, serde_json::Value::String(text)) => Some(text.clone()),
             (None, _) if count.is_some() || number("progress").is_some() => None,
+            (None, _) if activity.is_some() => None,
             (None, other) => Some(record::shorten(&other.to_string(), SHOWN_JSON_CHARS)),
         };
         let message =
@@ -486,10 +494,12 @@ mod tests {
     }
 
     #[test]
-    fn a_report_without_a_count_shows_its_message_else_its_json_shortened() {
+    fn a_report_without_a_count_shows_its_message_else_the_activity_else_its_json_shortened() {
         assert_eq!(Shown::of(None, &json!({ "message": "indexing" })).message, "indexing");
         assert_eq!(Shown::of(Some("Sleeping 4000 ms"), &json!("half")).message, "Sleeping 4000 ms · half");
         assert_eq!(Shown::of(None, &json!({ "step": 2, "steps": 8 })).message, r#"{"step":2,"steps":8}"#);
+        let sleeping = Shown::of(Some("Sleeping 4000 ms"), &json!({ "step": 2, "steps": 8 }));
+        assert_eq!(sleeping, Shown { count: None, message: "Sleeping 4000 ms".into() });
         let long = json!({ "files": "x".repeat(100) });
         let shown = Shown::of(None, &long).message;
         assert_eq!(shown.chars().count(), SHOWN_JSON_CHARS + 1);
