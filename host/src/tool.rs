@@ -371,11 +371,13 @@ pub trait Invocation: Send {
         let _ = fuel;
     }
 
-    /// Where this call's sandboxes record what they use (fuel, memory,
-    /// set-up time), for the call's figures
-    /// ([`CallFigures`](crate::events::CallFigures)). Asked once, when the
-    /// invocation begins. Default: none (a native tool has no sandbox).
-    fn usage(&self) -> Option<Arc<Usage>> {
+    /// Record what this call's sandboxes use (fuel, memory, set-up time)
+    /// from now on, for the call's figures
+    /// ([`CallFigures`](crate::events::CallFigures)), and say where. Asked
+    /// at most once, before any question, and only when someone reads the
+    /// figures: an invocation never asked records nothing. Default: none (a
+    /// native tool has no sandbox).
+    fn record_usage(&mut self) -> Option<Arc<Usage>> {
         None
     }
 

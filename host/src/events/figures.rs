@@ -177,9 +177,12 @@ impl CallFigures {
     }
 }
 
-/// A call's steps as it goes, made into [`CallFigures`] when it ended.
+/// A call's steps as it goes, made into [`CallFigures`] when it ended. One
+/// made [`Recorder::off`] reads no clock: a call whose figures nobody reads
+/// does not pay for them.
 #[derive(Debug)]
 pub(crate) struct Recorder {
+    on: bool,
     steps: Vec<(Step, Instant, Instant)>,
     usage: Option<Arc<Usage>>,
     pub(crate) bytes_in: u64,
@@ -188,8 +191,26 @@ pub(crate) struct Recorder {
 }
 
 impl Recorder {
+    /// A recorder of a call whose input is `bytes_in` bytes of JSON text.
     pub(crate) fn new(bytes_in: u64) -> Self {
-        Recorder { steps: Vec::new(), usage: None, bytes_in, bytes_out: 0, outcome: Outcome::Ok }
+        let steps = Vec::with_capacity(8);
+        Recorder { on: true, steps, usage: None, bytes_in, bytes_out: 0, outcome: Outcome::Ok }
+    }
+
+    /// A recorder that records nothing.
+    pub(crate) fn off() -> Self {
+        let (steps, usage) = (Vec::new(), None);
+        Recorder { on: false, steps, usage, bytes_in: 0, bytes_out: 0, outcome: Outcome::Ok }
+    }
+
+    /// Whether it records.
+    pub(crate) fn is_on(&self) -> bool {
+        self.on
+    }
+
+    /// Now, for a step beginning, when it records.
+    pub(crate) fn start(&self) -> Option<Instant> {
+        self.on.then(Instant::now)
     }
 
     /// Report what `usage` records too.
@@ -197,9 +218,11 @@ impl Recorder {
         self.usage = usage;
     }
 
-    /// `step` ran from `start` until now.
-    pub(crate) fn record(&mut self, step: Step, start: Instant) {
-        self.steps.push((step, start, Instant::now()));
+    /// `step` ran from `start` ([`Recorder::start`]) until now.
+    pub(crate) fn record(&mut self, step: Step, start: Option<Instant>) {
+        if let Some(start) = start {
+            self.steps.push((step, start, Instant::now()));
+        }
     }
 
     /// The figures of `tool`'s call: each step with the sandbox set-ups

@@ -490,7 +490,8 @@ struct Meter {
     per_call: u64,
     left: u64,
     batch: Option<BatchFuel>,
-    usage: Arc<Usage>,
+    /// Where what it uses is recorded, once the host asked for it.
+    usage: Option<Arc<Usage>>,
 }
 
 /// Fuel reserved for one export call, and the limit that bounded it.
@@ -501,7 +502,7 @@ struct Reserved {
 
 impl Meter {
     fn new(per_call: u64) -> Self {
-        Meter { per_call, left: per_call, batch: None, usage: Usage::shared() }
+        Meter { per_call, left: per_call, batch: None, usage: None }
     }
 
     /// For questions outside any call (at load, `inputs-equivalent`): each
@@ -546,9 +547,11 @@ impl Meter {
     /// was given.
     fn settle(&mut self, reserved: &Reserved, sandbox: Option<&Sandbox>) {
         let unburnt = sandbox.map_or(0, Sandbox::fuel_left).min(reserved.fuel);
-        self.usage.burnt(reserved.fuel - unburnt);
-        if let Some(sandbox) = sandbox {
-            self.usage.memory(sandbox.memory_peak());
+        if let Some(usage) = &self.usage {
+            usage.burnt(reserved.fuel - unburnt);
+            if let Some(sandbox) = sandbox {
+                usage.memory(sandbox.memory_peak());
+            }
         }
         self.left += unburnt;
         if let Some(batch) = &self.batch {
@@ -578,7 +581,7 @@ impl<'a> Questions<'a> {
         }
         let shared = self.shared;
         // Loading code left unloaded at start is part of the set-up.
-        let started = Instant::now();
+        let started = self.meter.usage.as_ref().map(|_| Instant::now());
         // Before any fuel is reserved: a plugin whose code cannot be loaded
         // burns none.
         let pre = shared.pre().await?;
@@ -595,7 +598,9 @@ impl<'a> Questions<'a> {
         ))
         .instrument(tracing::info_span!(target: "keel_host::call", "setup"))
         .await;
-        self.meter.usage.set_up(started, Instant::now());
+        if let (Some(usage), Some(started)) = (&self.meter.usage, started) {
+            usage.set_up(started, Instant::now());
+        }
         // A component that failed to instantiate is counted as having burnt
         // all it was given: rare, and never in the guest's favour.
         self.meter.settle(&reserved, sandbox.as_ref().ok());
@@ -825,8 +830,8 @@ impl Invocation for PluginInvocation {
         self.meter.batch = Some(fuel);
     }
 
-    fn usage(&self) -> Option<Arc<Usage>> {
-        Some(self.meter.usage.clone())
+    fn record_usage(&mut self) -> Option<Arc<Usage>> {
+        Some(self.meter.usage.get_or_insert_with(Usage::shared).clone())
     }
 
     async fn is_concurrency_safe(&mut self) -> bool {

@@ -4,7 +4,6 @@
 //! [permission rules](crate::permissions), and run it.
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use serde_json::Value;
 use tracing::Instrument as _;
@@ -62,13 +61,15 @@ pub(crate) struct Finished {
 /// it, refuse it when its tool needs a person and the run has no one to ask
 /// (`requires-user-interaction`), hold its input to `max_input` bytes of JSON
 /// text and to the schema, and ask whether it is concurrency-safe. An `Err`
-/// is the call's result.
+/// is the call's result. Its figures are recorded when `figures` is set, or
+/// a subscriber takes its span.
 pub async fn prepare(
     pool: &ToolPool,
     tool_use: &ToolUse,
     context: &Arc<Value>,
     fuel: Option<&BatchFuel>,
     max_input: usize,
+    figures: bool,
 ) -> Result<Prepared, ToolResult> {
     let fail = |message: String| ToolResult::error(&tool_use.id, message);
     let Some(entry) = pool.get(&tool_use.name) else {
@@ -97,15 +98,22 @@ pub async fn prepare(
         otel.name = %spec.name,
         tool = %spec.name,
         tool_use_id = %tool_use.id,
+        outcome = tracing::field::Empty,
+        fuel = tracing::field::Empty,
+        memory_peak = tracing::field::Empty,
     );
-    let mut recorder = Recorder::new(size as u64);
-    let started = Instant::now();
+    let mut recorder =
+        if figures || !span.is_disabled() { Recorder::new(size as u64) } else { Recorder::off() };
+    let started = recorder.start();
     let questions = async {
         let mut invocation = entry
             .tool
             .invoke(input.clone(), context.clone())
             .await
             .map_err(|error| fail(call_failed(&spec.name, &error)))?;
+        if recorder.is_on() {
+            recorder.watch(invocation.record_usage());
+        }
         if let Some(fuel) = fuel {
             invocation.share_batch_fuel(fuel.clone());
         }
@@ -113,7 +121,6 @@ pub async fn prepare(
         Ok((invocation, concurrency_safe))
     };
     let (invocation, concurrency_safe) = questions.instrument(step_span(&span, Step::Questions)).await?;
-    recorder.watch(invocation.usage());
     recorder.record(Step::Questions, started);
     Ok(Prepared {
         id: tool_use.id.clone(),
@@ -143,7 +150,7 @@ impl Prepared {
     /// every answer given under the old context is forgotten, and whether it
     /// is concurrency-safe is asked again.
     pub(crate) async fn replan(&mut self, context: Arc<Value>) {
-        let started = Instant::now();
+        let started = self.recorder.start();
         self.invocation.set_context(context.clone());
         self.context = context;
         let asking = self.invocation.is_concurrency_safe();
@@ -158,7 +165,7 @@ impl Prepared {
 
     /// A short phrase for a progress display.
     pub async fn activity(&mut self) -> Option<String> {
-        let started = Instant::now();
+        let started = self.recorder.start();
         let asking = self.invocation.activity_description();
         let activity = asking.instrument(step_span(&self.span, Step::Questions)).await;
         self.recorder.record(Step::Questions, started);
@@ -194,7 +201,7 @@ struct Steps<'a> {
 impl Steps<'_> {
     /// Run `step`, timed and inside a span of its own.
     async fn time<T>(&mut self, step: Step, work: impl Future<Output = T>) -> T {
-        let started = Instant::now();
+        let started = self.recorder.start();
         let output = work.instrument(step_span(self.span, step)).await;
         self.recorder.record(step, started);
         output

@@ -5,7 +5,6 @@
 
 use std::borrow::Cow;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
 
 use serde_json::Value;
 use tokio::sync::mpsc;
@@ -129,8 +128,8 @@ impl Events {
     }
 
     /// Whether anyone reads what a running tool reports, and when each call
-    /// starts and ends.
-    fn reads_reports(&self) -> bool {
+    /// starts and ends (with its figures).
+    pub(crate) fn reads_reports(&self) -> bool {
         matches!(self, Events::Lean(_)) || !self.is_closed()
     }
 }
@@ -217,7 +216,8 @@ async fn run_alone(
 ) -> (Ran, Value) {
     let fuel = options.batch_fuel.map(BatchFuel::new);
     let shared = Arc::new(context);
-    let call = call::prepare(pool, tool_use, &shared, fuel.as_ref(), options.max_input).await;
+    let figures = events.reads_reports();
+    let call = call::prepare(pool, tool_use, &shared, fuel.as_ref(), options.max_input, figures).await;
     emit_with(events, || {
         let safe = [matches!(&call, Ok(call) if call.concurrency_safe)];
         let ids = std::slice::from_ref(&tool_use.id);
@@ -435,7 +435,8 @@ impl Batch {
     ) -> (Vec<Start>, std::ops::Range<usize>) {
         let guard = Failing { batch: self, index, doing: Doing::Planning };
         let (tool_use, fuel, max_input) = (&self.uses[index], self.fuel.as_ref(), self.options.max_input);
-        let call = call::prepare(&self.pool, tool_use, &context, fuel, max_input).await;
+        let figures = self.events.reads_reports();
+        let call = call::prepare(&self.pool, tool_use, &context, fuel, max_input, figures).await;
         std::mem::forget(guard);
         self.lock().planned(self, index, call)
     }
@@ -667,13 +668,21 @@ pub(crate) async fn run_call(
             Ok(finished) => finished,
             Err(result) => return Ran { result, modifier: None, threshold },
         };
-    let started = Instant::now();
+    let started = recorder.start();
     let result = budget.per_tool(result, threshold).instrument(call::step_span(&span, Step::Budget)).await;
     recorder.record(Step::Budget, started);
+    let figures = recorder.is_on().then(|| recorder.figures(&entry.tool.spec().name));
+    if let Some(figures) = figures.as_ref().filter(|_| !span.is_disabled()) {
+        span.record("outcome", figures.outcome.as_str());
+        if let (Some(fuel), Some(memory_peak)) = (figures.fuel, figures.memory_peak) {
+            span.record("fuel", fuel);
+            span.record("memory_peak", memory_peak);
+        }
+    }
     emit_lean_with(events, || Event::CallFinished {
         tool_use_id: result.tool_use_id.clone(),
         is_error: result.is_error,
-        figures: Some(Box::new(recorder.figures(&entry.tool.spec().name))),
+        figures: figures.map(Box::new),
     });
     Ran { result, modifier, threshold }
 }

@@ -272,7 +272,8 @@ impl Arrival {
         let fuel = stream.options.batch_fuel.map(BatchFuel::new);
         let context = stream.lock().admission.context().clone();
         let (pool, max_input) = (&stream.pool, stream.options.max_input);
-        let planning = call::prepare(pool, &tool_use, &context, fuel.as_ref(), max_input);
+        let figures = events.reads_reports();
+        let planning = call::prepare(pool, &tool_use, &context, fuel.as_ref(), max_input, figures);
         // A panic in the host still gives the call its one result, as in a
         // batch, and the request its answer.
         let mut planned = match AssertUnwindSafe(planning).catch_unwind().await {
