@@ -127,16 +127,45 @@ pub fn units(fuel: u64) -> String {
 
 /// The fuel allowance of one whole batch, shared by its calls: however a batch
 /// is split, together its calls burn no more than this.
+///
+/// A call reserves its fuel before each export call and gives back what it
+/// left unburnt. A reservation that finds too little left while other
+/// reservations are out ([`BatchFuel::reserve`]) waits for them to come back
+/// rather than fail: ten calls running at full budget hold a default
+/// allowance whole, and the questions of the calls planned behind them would
+/// otherwise be refused fuel the batch has not burnt.
 #[derive(Clone, Debug)]
 pub struct BatchFuel {
-    left: Arc<AtomicU64>,
+    pool: Arc<FuelPool>,
     total: u64,
+}
+
+#[derive(Debug, Default)]
+struct FuelPool {
+    /// What is left, and what is reserved and not yet given back.
+    state: Mutex<Pooled>,
+    /// Woken when a reservation comes back.
+    returned: tokio::sync::Notify,
+}
+
+#[derive(Debug, Default)]
+struct Pooled {
+    left: u64,
+    out: u64,
+    /// Reservations waiting for fuel to come back.
+    waiting: usize,
 }
 
 impl BatchFuel {
     /// An allowance of `total` fuel.
     pub fn new(total: u64) -> Self {
-        BatchFuel { left: Arc::new(AtomicU64::new(total)), total }
+        let state = Mutex::new(Pooled { left: total, ..Pooled::default() });
+        let pool = FuelPool { state, ..FuelPool::default() };
+        BatchFuel { pool: Arc::new(pool), total }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, Pooled> {
+        self.pool.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The allowance it started with.
@@ -144,27 +173,61 @@ impl BatchFuel {
         self.total
     }
 
-    /// What is left.
+    /// What is left, not counting what is reserved.
     pub fn left(&self) -> u64 {
-        self.left.load(Ordering::Relaxed)
+        self.state().left
     }
 
-    /// Take up to `want` fuel; returns what was granted (0 when spent).
+    /// Take up to `want` fuel now; returns what was granted (0 when spent).
+    /// What is granted is reserved until [`BatchFuel::give_back`].
     pub fn take(&self, want: u64) -> u64 {
-        let mut left = self.left.load(Ordering::Relaxed);
+        let mut state = self.state();
+        let granted = want.min(state.left);
+        state.left -= granted;
+        state.out += granted;
+        granted
+    }
+
+    /// Take up to `want` fuel, waiting while less than that is left and the
+    /// reservations out could make it up, since what they do not burn comes
+    /// back. Returns what was granted: `want`, or all that is left when what
+    /// is out could not make it up (0 when the allowance is spent).
+    pub async fn reserve(&self, want: u64) -> u64 {
+        let mut waited = false;
         loop {
-            let granted = want.min(left);
-            match self.left.compare_exchange_weak(left, left - granted, Ordering::Relaxed, Ordering::Relaxed)
+            // Made before the state is read: a return between the read and
+            // the wait wakes it all the same.
+            let returned = self.pool.returned.notified();
             {
-                Ok(_) => return granted,
-                Err(actual) => left = actual,
+                let mut state = self.state();
+                if waited {
+                    state.waiting -= 1;
+                }
+                // Waiting helps only when what is out could make up `want`.
+                if state.left >= want || state.left + state.out < want {
+                    let granted = want.min(state.left);
+                    state.left -= granted;
+                    state.out += granted;
+                    return granted;
+                }
+                state.waiting += 1;
+                waited = true;
             }
+            returned.await;
         }
     }
 
-    /// Return fuel that was taken and not burnt.
-    pub fn give_back(&self, unused: u64) {
-        self.left.fetch_add(unused, Ordering::Relaxed);
+    /// End a reservation of `taken` fuel of which `unused` was not burnt.
+    pub fn give_back(&self, taken: u64, unused: u64) {
+        let waiting = {
+            let mut state = self.state();
+            state.out = state.out.saturating_sub(taken);
+            state.left += unused.min(taken);
+            state.waiting > 0
+        };
+        if waiting {
+            self.pool.returned.notify_waiters();
+        }
     }
 }
 
@@ -299,9 +362,33 @@ mod tests {
         assert_eq!(fuel.take(60), 60);
         assert_eq!(other.take(60), 40, "only what is left");
         assert_eq!(fuel.take(1), 0);
-        other.give_back(15);
+        other.give_back(40, 15);
         assert_eq!(fuel.left(), 15);
         assert_eq!(fuel.total(), 100);
+    }
+
+    #[test]
+    fn a_reservation_waits_for_fuel_reserved_elsewhere_and_not_burnt() {
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            let fuel = BatchFuel::new(100);
+            assert_eq!(fuel.reserve(100).await, 100);
+            let waiting = tokio::spawn({
+                let fuel = fuel.clone();
+                async move { fuel.reserve(30).await }
+            });
+            tokio::task::yield_now().await;
+            assert!(!waiting.is_finished(), "nothing is left while the first reservation is out");
+            // The first burnt 40 of its 100: 60 come back, and 30 of them go.
+            fuel.give_back(100, 60);
+            assert_eq!(waiting.await.unwrap(), 30);
+            assert_eq!(fuel.left(), 30);
+            // Nothing out: what is left is all there will be.
+            fuel.give_back(30, 0);
+            assert_eq!(fuel.reserve(50).await, 30);
+            fuel.give_back(30, 0);
+            assert_eq!(fuel.reserve(1).await, 0, "spent");
+        });
     }
 
     #[test]

@@ -233,8 +233,10 @@ fn a_call_finding_the_allowance_spent_is_refused_naming_it() {
     let workspace = tempfile::tempdir().unwrap();
     let host = host(workspace.path(), Limits::default());
     let tool = host.pool().get("hostile").unwrap().tool.clone();
+    // Reserved whole and burnt whole: nothing is out, nothing will come back.
     let spent = BatchFuel::new(1_000);
     assert_eq!(spent.take(1_000), 1_000);
+    spent.give_back(1_000, 0);
     block_on(async {
         let mut call = tool.invoke(json!({ "act": "ok" }), crate::at_root()).await.unwrap();
         call.share_batch_fuel(spent.clone());

@@ -28,6 +28,28 @@ fn safe_calls_overlap_and_never_exceed_the_cap() {
 }
 
 #[test]
+fn calls_at_full_budget_leave_the_calls_behind_them_safe_to_plan() {
+    // The default limits: ten calls in flight reserve the whole batch
+    // allowance (ten calls at full budget). The questions of the calls
+    // planned behind them wait for the fuel those calls do not burn, so
+    // every call is still planned safe and the batch stays one run.
+    let workspace = tempfile::tempdir().unwrap();
+    let host = block_on(host_of(workspace.path(), &["keel_tool_sleep"]).build()).unwrap();
+    let uses: Vec<ToolUse> =
+        (0..30).map(|i| ToolUse::new(format!("s{i}"), "sleep", json!({ "ms": 100, "steps": 1 }))).collect();
+    let (events, results, _) = events_of(&host, uses);
+    assert!(results.iter().all(|result| !result.is_error), "{results:?}");
+    let plan = events.iter().find_map(|event| match event {
+        Event::BatchPlan { batches } => Some(batches.clone()),
+        _ => None,
+    });
+    let plan = plan.expect("a plan is sent");
+    assert_eq!(plan.len(), 1, "one concurrent run: {plan:?}");
+    assert!(plan[0].concurrent && plan[0].tool_use_ids.len() == 30, "{plan:?}");
+    assert_eq!(most_in_flight(&events), 10);
+}
+
+#[test]
 fn an_unsafe_call_runs_alone_between_safe_runs() {
     let workspace = tempfile::tempdir().unwrap();
     let builder = host_of(workspace.path(), &["keel_tool_sleep", "keel_tool_write_file"]);

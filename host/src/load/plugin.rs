@@ -39,7 +39,7 @@ macro_rules! query {
         match questions.take_live().await {
             Err(error) => Err(error),
             Ok(mut sandbox) => {
-                let answer = match questions.meter.reserve(Some(QUERY_FUEL)) {
+                let answer = match questions.meter.reserve(Some(QUERY_FUEL)).await {
                     Err(error) => Err(error),
                     Ok(reserved) => match sandbox.budget(reserved.fuel, reserved.limit, QUERY_DEADLINE) {
                         Err(error) => Err(error),
@@ -512,8 +512,9 @@ impl Meter {
     }
 
     /// Reserve fuel for one export call: what the call has left, at most
-    /// `cap`, at most what the batch has left.
-    fn reserve(&mut self, cap: Option<u64>) -> Result<Reserved, CallError> {
+    /// `cap`, at most what the batch has left once the reservations out now
+    /// came back ([`BatchFuel::reserve`]).
+    async fn reserve(&mut self, cap: Option<u64>) -> Result<Reserved, CallError> {
         let mut limit = FuelLimit { kind: LimitKind::Fuel, fuel: self.per_call };
         let mut want = self.left;
         if let Some(cap) = cap
@@ -528,7 +529,7 @@ impl Meter {
         let fuel = match &self.batch {
             None => want,
             Some(batch) => {
-                let fuel = batch.take(want);
+                let fuel = batch.reserve(want).await;
                 if fuel == 0 {
                     return Err(CallError::Limit { kind: LimitKind::BatchFuel, value: units(batch.total()) });
                 }
@@ -555,7 +556,7 @@ impl Meter {
         }
         self.left += unburnt;
         if let Some(batch) = &self.batch {
-            batch.give_back(unburnt);
+            batch.give_back(reserved.fuel, unburnt);
         }
     }
 }
@@ -585,7 +586,7 @@ impl<'a> Questions<'a> {
         // Before any fuel is reserved: a plugin whose code cannot be loaded
         // burns none.
         let pre = shared.pre().await?;
-        let reserved = self.meter.reserve(Some(QUERY_FUEL))?;
+        let reserved = self.meter.reserve(Some(QUERY_FUEL)).await?;
         // Boxed: a future this large, kept inline, is copied whole into
         // every future that awaits it.
         let sandbox = Box::pin(Sandbox::new(
@@ -893,7 +894,7 @@ impl Invocation for PluginInvocation {
         let live = this.sandbox.take().filter(|sandbox| sandbox.grant() == grant);
         let mut questions = Questions { shared: &shared, grant, sandbox: live, meter: &mut this.meter };
         let mut sandbox = questions.take_live().await?;
-        let reserved = this.meter.reserve(None)?;
+        let reserved = this.meter.reserve(None).await?;
         sandbox.budget(reserved.fuel, reserved.limit, limits.deadline)?;
         sandbox.report_progress_to(cx.progress.clone());
         sandbox.open_network(open_world);
