@@ -140,32 +140,25 @@ pub struct BatchFuel {
     total: u64,
 }
 
+/// The shared state of a [`BatchFuel`]: atomics, since every export call of
+/// every call of a batch reserves and gives back.
 #[derive(Debug, Default)]
 struct FuelPool {
-    /// What is left, and what is reserved and not yet given back.
-    state: Mutex<Pooled>,
-    /// Woken when a reservation comes back.
-    returned: tokio::sync::Notify,
-}
-
-#[derive(Debug, Default)]
-struct Pooled {
-    left: u64,
-    out: u64,
+    /// What is left to reserve.
+    left: AtomicU64,
+    /// What is reserved and not yet given back.
+    out: AtomicU64,
     /// Reservations waiting for fuel to come back.
-    waiting: usize,
+    waiting: AtomicU64,
+    /// Woken when a reservation comes back while one waits.
+    returned: tokio::sync::Notify,
 }
 
 impl BatchFuel {
     /// An allowance of `total` fuel.
     pub fn new(total: u64) -> Self {
-        let state = Mutex::new(Pooled { left: total, ..Pooled::default() });
-        let pool = FuelPool { state, ..FuelPool::default() };
+        let pool = FuelPool { left: AtomicU64::new(total), ..FuelPool::default() };
         BatchFuel { pool: Arc::new(pool), total }
-    }
-
-    fn state(&self) -> std::sync::MutexGuard<'_, Pooled> {
-        self.pool.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The allowance it started with.
@@ -175,17 +168,27 @@ impl BatchFuel {
 
     /// What is left, not counting what is reserved.
     pub fn left(&self) -> u64 {
-        self.state().left
+        self.pool.left.load(Ordering::SeqCst)
     }
 
     /// Take up to `want` fuel now; returns what was granted (0 when spent).
     /// What is granted is reserved until [`BatchFuel::give_back`].
     pub fn take(&self, want: u64) -> u64 {
-        let mut state = self.state();
-        let granted = want.min(state.left);
-        state.left -= granted;
-        state.out += granted;
-        granted
+        let pool = &self.pool;
+        // Counted out first, at most: meanwhile left and out together never
+        // look smaller than they are, so a reservation that should wait does.
+        pool.out.fetch_add(want, Ordering::SeqCst);
+        let mut left = pool.left.load(Ordering::SeqCst);
+        loop {
+            let granted = want.min(left);
+            match pool.left.compare_exchange_weak(left, left - granted, Ordering::SeqCst, Ordering::SeqCst) {
+                Ok(_) => {
+                    pool.out.fetch_sub(want - granted, Ordering::SeqCst);
+                    return granted;
+                }
+                Err(actual) => left = actual,
+            }
+        }
     }
 
     /// Take up to `want` fuel, waiting while less than that is left and the
@@ -193,40 +196,34 @@ impl BatchFuel {
     /// back. Returns what was granted: `want`, or all that is left when what
     /// is out could not make it up (0 when the allowance is spent).
     pub async fn reserve(&self, want: u64) -> u64 {
-        let mut waited = false;
+        let pool = &self.pool;
         loop {
-            // Made before the state is read: a return between the read and
-            // the wait wakes it all the same.
-            let returned = self.pool.returned.notified();
-            {
-                let mut state = self.state();
-                if waited {
-                    state.waiting -= 1;
-                }
-                // Waiting helps only when what is out could make up `want`.
-                if state.left >= want || state.left + state.out < want {
-                    let granted = want.min(state.left);
-                    state.left -= granted;
-                    state.out += granted;
-                    return granted;
-                }
-                state.waiting += 1;
-                waited = true;
+            let left = pool.left.load(Ordering::SeqCst);
+            // Waiting helps only when what is out could make up `want`.
+            if left >= want || left.saturating_add(pool.out.load(Ordering::SeqCst)) < want {
+                return self.take(want);
             }
-            returned.await;
+            // Counted as waiting before the state is read again, and the
+            // wake-up made before that: a return in between wakes it.
+            let returned = pool.returned.notified();
+            pool.waiting.fetch_add(1, Ordering::SeqCst);
+            let left = pool.left.load(Ordering::SeqCst);
+            let worth_waiting = left < want && left.saturating_add(pool.out.load(Ordering::SeqCst)) >= want;
+            if worth_waiting {
+                returned.await;
+            }
+            pool.waiting.fetch_sub(1, Ordering::SeqCst);
         }
     }
 
     /// End a reservation of `taken` fuel of which `unused` was not burnt.
     pub fn give_back(&self, taken: u64, unused: u64) {
-        let waiting = {
-            let mut state = self.state();
-            state.out = state.out.saturating_sub(taken);
-            state.left += unused.min(taken);
-            state.waiting > 0
-        };
-        if waiting {
-            self.pool.returned.notify_waiters();
+        let pool = &self.pool;
+        pool.left.fetch_add(unused.min(taken), Ordering::SeqCst);
+        let _ =
+            pool.out.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |out| Some(out.saturating_sub(taken)));
+        if pool.waiting.load(Ordering::SeqCst) > 0 {
+            pool.returned.notify_waiters();
         }
     }
 }
