@@ -31,11 +31,15 @@ pub struct Limits {
     /// but finite recursion (a recursive-descent parser) still runs.
     pub stack: usize,
     /// Fuel all the calls of one batch may burn together, however the batch
-    /// is split. 10¹¹ is ten calls at their full per-call budget: a batch of
-    /// real work never notices it, while a model that fans one spinning tool
-    /// out over fifty calls still stops after the price of ten. A call
-    /// reserves its fuel from the allowance when it starts and gives back
-    /// what it did not burn when it ends.
+    /// is split. 1.2 × 10¹¹ is ten calls at their full per-call budget, plus
+    /// a question's fuel for each of the twenty calls planned behind them: a
+    /// batch of real work never notices it, while a model that fans one
+    /// spinning tool out over fifty calls still stops after the price of
+    /// twelve. A call reserves its fuel from the allowance when it starts
+    /// and gives back what it did not burn when it ends; were the allowance
+    /// exactly ten calls' worth, the ten running at the default cap would
+    /// hold it whole, and every question behind them would wait for one to
+    /// finish.
     pub batch_fuel: u64,
     /// Bytes a guest may hand the host in one piece: one host call's
     /// arguments, or one export's result (wasmtime's "hostcall fuel"). 16 MiB
@@ -82,7 +86,7 @@ impl Default for Limits {
             memory: 256 << 20,
             table_elements: 100_000,
             stack: 1 << 20,
-            batch_fuel: 100_000_000_000,
+            batch_fuel: 120_000_000_000,
             transfer: 16 << 20,
             resources: 10_000,
             input: 4 << 20,
