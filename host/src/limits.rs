@@ -419,7 +419,7 @@ mod tests {
             stated,
             [
                 "fuel limit of 10000000000 units",
-                "batch fuel allowance of 100000000000 units",
+                "batch fuel allowance of 120000000000 units",
                 "deadline of 30s",
                 "memory limit of 256 MiB",
                 "table limit of 100000 elements",
