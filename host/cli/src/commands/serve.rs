@@ -128,7 +128,7 @@ pub fn run(args: &ServeArgs) -> Result<()> {
         let endpoint = metrics.map(|metrics| metrics::Endpoint::new(metrics, server.live.clone()));
         if let (Some(endpoint), Some(addr)) = (&endpoint, args.metrics.metrics_addr) {
             let hosts = http::allowed_hosts(&args.http.allow_hosts).into();
-            metrics::serve(endpoint.clone(), addr, hosts).await?;
+            http::serve_metrics(endpoint.clone(), addr, hosts).await?;
         }
         if let Some(addr) = args.http.http {
             // `/metrics` on the MCP listener, behind its token, unless it

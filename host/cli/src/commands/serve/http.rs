@@ -36,7 +36,7 @@ use subtle::ConstantTimeEq as _;
 use tokio_util::sync::CancellationToken;
 
 use super::Server;
-use super::metrics::{Endpoint, METRICS_PATH};
+use super::metrics::{self, Endpoint, METRICS_PATH};
 
 /// The path the server answers on.
 pub const MCP_PATH: &str = "/mcp";
@@ -300,6 +300,73 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
     }
 }
 
+/// The answer of `endpoint` to a request for `/metrics`: the metrics to a
+/// `GET` (or `HEAD`), `405` to any other method.
+fn metrics_response<B>(endpoint: &Endpoint, request: &Request<B>) -> Response<Body> {
+    if request.method() != hyper::Method::GET && request.method() != hyper::Method::HEAD {
+        let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "metrics are read with GET\n");
+        response.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
+        return response;
+    }
+    let mut response = plain(StatusCode::OK, endpoint.render());
+    response
+        .headers_mut()
+        .insert(header::CONTENT_TYPE, header::HeaderValue::from_static(metrics::CONTENT_TYPE));
+    response
+}
+
+/// `--metrics-addr`: serve `/metrics` alone on `addr`, a loopback address,
+/// without a token, until the process is stopped. `hosts` are the `Host`
+/// names accepted, as on the MCP listener.
+pub async fn serve_metrics(endpoint: Endpoint, addr: SocketAddr, hosts: Arc<[String]>) -> Result<()> {
+    if !addr.ip().is_loopback() {
+        bail!("refusing to serve metrics on {addr} without a token: it is not a loopback address");
+    }
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .with_context(|| format!("failed to listen for metrics on {addr}"))?;
+    let bound = listener.local_addr()?;
+    tracing::info!("serving metrics on http://{bound}{METRICS_PATH}");
+    // The address actually bound, for whoever started us with port 0.
+    eprintln!("keel: serving metrics on http://{bound}{METRICS_PATH}");
+    tokio::spawn(async move {
+        loop {
+            let (stream, peer) = match listener.accept().await {
+                Ok(accepted) => accepted,
+                Err(error) => {
+                    tracing::warn!("failed to accept a metrics connection: {error}");
+                    continue;
+                }
+            };
+            let (endpoint, hosts) = (endpoint.clone(), hosts.clone());
+            tokio::spawn(async move {
+                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
+                    let response = if request.uri().path() != METRICS_PATH {
+                        plain(
+                            StatusCode::NOT_FOUND,
+                            format!("not found: keel serves metrics on {METRICS_PATH}\n"),
+                        )
+                    } else if !host_allowed(request.headers(), &hosts) {
+                        plain(StatusCode::FORBIDDEN, "forbidden: the Host header names no allowed host\n")
+                    } else {
+                        metrics_response(&endpoint, &request)
+                    };
+                    async move { Ok::<_, Infallible>(response) }
+                });
+                let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+                builder
+                    .http1()
+                    .timer(TokioTimer::new())
+                    .header_read_timeout(std::time::Duration::from_secs(30));
+                if let Err(error) = builder.serve_connection(TokioIo::new(stream), service).await {
+                    tracing::debug!(%peer, "metrics connection ended: {error}");
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
 /// The body of every response.
 pub type Body = BoxBody<Bytes, Infallible>;
 
@@ -335,7 +402,7 @@ where
         if !host_allowed(request.headers(), hosts) {
             return plain(StatusCode::FORBIDDEN, "forbidden: the Host header names no allowed host\n");
         }
-        return endpoint.respond(&request);
+        return metrics_response(endpoint, &request);
     }
     match mcp.call(request).await {
         Ok(response) => response,

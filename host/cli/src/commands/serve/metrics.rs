@@ -15,18 +15,14 @@
 //!
 //! On the `--http` listener `/metrics` is behind the bearer token like
 //! `/mcp`; `--metrics-addr` serves it alone, without a token, on a loopback
-//! address of its own ([`serve`]).
+//! address of its own (`http.rs`, `serve_metrics`).
 
-use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU8, AtomicU64, Ordering};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::Result;
 use clap::Args;
-use hyper::body::Incoming;
-use hyper::{Request, Response, StatusCode, header};
-use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use keel_host::events::CallFigures;
 use keel_host::{Event, ToolResult};
 use prometheus_client::encoding::{EncodeLabelSet, EncodeLabelValue, LabelValueEncoder};
@@ -37,13 +33,12 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use super::Shelf;
-use super::http::{Body, plain};
 
 /// The path metrics are served on.
 pub const METRICS_PATH: &str = "/metrics";
 
 /// The content type of what [`Endpoint::render`] writes.
-const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
+pub const CONTENT_TYPE: &str = "application/openmetrics-text; version=1.0.0; charset=utf-8";
 
 /// The label of a call to a name the pool does not know: a name a client
 /// made up is not a label of its own, or a client could grow the metrics
@@ -347,70 +342,6 @@ impl Endpoint {
             .expect("writing to a String does not fail");
         text
     }
-
-    /// The answer to a `GET /metrics` (any other method gets `405`).
-    pub fn respond<B>(&self, request: &Request<B>) -> Response<Body> {
-        if request.method() != hyper::Method::GET && request.method() != hyper::Method::HEAD {
-            let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "metrics are read with GET\n");
-            response.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
-            return response;
-        }
-        let mut response = plain(StatusCode::OK, self.render());
-        response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static(CONTENT_TYPE));
-        response
-    }
-}
-
-/// `--metrics-addr`: serve `/metrics` alone on `addr`, a loopback address,
-/// without a token, until the process is stopped. `hosts` are the `Host`
-/// names accepted, as on the MCP listener.
-pub async fn serve(endpoint: Endpoint, addr: SocketAddr, hosts: Arc<[String]>) -> Result<()> {
-    if !addr.ip().is_loopback() {
-        bail!("refusing to serve metrics on {addr} without a token: it is not a loopback address");
-    }
-    let listener = tokio::net::TcpListener::bind(addr)
-        .await
-        .with_context(|| format!("failed to listen for metrics on {addr}"))?;
-    let bound = listener.local_addr()?;
-    tracing::info!("serving metrics on http://{bound}{METRICS_PATH}");
-    // The address actually bound, for whoever started us with port 0.
-    eprintln!("keel: serving metrics on http://{bound}{METRICS_PATH}");
-    tokio::spawn(async move {
-        loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!("failed to accept a metrics connection: {error}");
-                    continue;
-                }
-            };
-            let (endpoint, hosts) = (endpoint.clone(), hosts.clone());
-            tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |request: Request<Incoming>| {
-                    let response = if request.uri().path() != METRICS_PATH {
-                        plain(
-                            StatusCode::NOT_FOUND,
-                            format!("not found: keel serves metrics on {METRICS_PATH}\n"),
-                        )
-                    } else if !super::http::host_allowed(request.headers(), &hosts) {
-                        plain(StatusCode::FORBIDDEN, "forbidden: the Host header names no allowed host\n")
-                    } else {
-                        endpoint.respond(&request)
-                    };
-                    async move { Ok::<_, Infallible>(response) }
-                });
-                let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-                builder
-                    .http1()
-                    .timer(TokioTimer::new())
-                    .header_read_timeout(std::time::Duration::from_secs(30));
-                if let Err(error) = builder.serve_connection(TokioIo::new(stream), service).await {
-                    tracing::debug!(%peer, "metrics connection ended: {error}");
-                }
-            });
-        }
-    });
-    Ok(())
 }
 
 #[cfg(test)]
