@@ -127,6 +127,31 @@ fn the_trace_has_a_span_per_step_of_every_call_and_the_groups_of_the_plan() {
         assert_eq!(group["args"]["tool_use_ids"], planned["tool_use_ids"]);
     }
 
+    // On every track a span lies inside the one it starts in, or after it:
+    // a viewer draws spans of one track as a stack.
+    let mut tracks: std::collections::BTreeMap<u64, Vec<(u64, u64)>> = Default::default();
+    for event in trace.iter().filter(|event| event["ph"] == "X") {
+        let (ts, dur) = (event["ts"].as_u64().unwrap(), event["dur"].as_u64().unwrap());
+        tracks.entry(event["tid"].as_u64().unwrap()).or_default().push((ts, ts + dur));
+    }
+    for (tid, mut spans) in tracks {
+        spans.sort_by_key(|&(start, end)| (start, std::cmp::Reverse(end)));
+        let mut open: Vec<(u64, u64)> = Vec::new();
+        for (start, end) in spans {
+            while open.last().is_some_and(|&(_, until)| until <= start) {
+                open.pop();
+            }
+            if let Some(&outer) = open.last() {
+                assert!(
+                    end <= outer.1,
+                    "track {tid}: {:?} starts inside {outer:?} and ends after it",
+                    (start, end)
+                );
+            }
+            open.push((start, end));
+        }
+    }
+
     // sleep's progress, each report an instant.
     let reported = of_type(&events, "progress").filter(|event| event["tool_use_id"] == "t2").count();
     let instants =

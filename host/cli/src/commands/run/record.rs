@@ -205,7 +205,9 @@ impl CallRecord {
     }
 
     /// The span of its turn: from its `call_started` (or its first step of
-    /// the turn) to its `call_finished` (or its last step), `None` for a
+    /// the turn) to its last step, or, without figures, the moment its
+    /// `call_finished` was received (which may be later than the call's
+    /// end, and later than the start of the call after it); `None` for a
     /// call that never had a turn.
     pub fn turn(&self) -> Option<(u64, u64)> {
         let (_, turn) = self.split_steps();
@@ -215,7 +217,7 @@ impl CallRecord {
             (Some(started), Some(first)) => started.min(first),
             (started, first) => started.or(first)?,
         };
-        let end = [self.finished_us, last].into_iter().flatten().max().unwrap_or(start).max(start);
+        let end = last.or(self.finished_us).unwrap_or(start).max(start);
         Some((start, end))
     }
 
@@ -449,8 +451,9 @@ mod tests {
         };
         let (planning, turn) = call.split_steps();
         assert_eq!((planning.as_slice(), turn.as_slice()), steps.split_at(3));
-        assert_eq!(call.turn(), Some((47_941, 49_240)));
-        assert_eq!(call.wall_us(), Some(1_299));
+        // It ends with its last step; its `call_finished` arrived later.
+        assert_eq!(call.turn(), Some((47_941, 49_234)));
+        assert_eq!(call.wall_us(), Some(1_293));
     }
 
     #[test]
