@@ -144,9 +144,19 @@ pub fn page(recording: &Recording, title: &str, summary: &str) -> String {
             r##"<span><i class="waiting-swatch"></i>waiting for its turn</span>"##.to_string(),
             r##"<span><i class="tick-swatch"></i>progress</span>"##.to_string(),
         ])
-        .chain(["ok", "error", "denied", "limit", "interrupted"].into_iter().map(|outcome| {
-            format!(r##"<span><b style="color:{}">●</b> {outcome}</span>"##, outcome_colour(outcome))
-        }))
+        .chain(
+            [
+                ("ok", "ok"),
+                ("error", "error, invalid, crashed"),
+                ("denied", "denied"),
+                ("limit", "limit"),
+                ("interrupted", "interrupted"),
+            ]
+            .into_iter()
+            .map(|(outcome, label)| {
+                format!(r##"<span><b style="color:{}">●</b> {label}</span>"##, outcome_colour(outcome))
+            }),
+        )
         .collect();
 
     format!(
