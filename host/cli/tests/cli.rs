@@ -1,21 +1,20 @@
 //! The `keel` binary as a user runs it.
 
-use std::io::Write;
-use std::process::{Command, Output, Stdio};
+mod support;
 
-fn keel(args: &[&str], cwd: &std::path::Path, stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(args)
-        .current_dir(cwd)
-        .env("KEEL_CACHE_DIR", std::path::Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    child.wait_with_output().unwrap()
+use std::path::Path;
+use std::process::Output;
+use std::time::Duration;
+
+/// `keel ARGS` in `cwd` with `stdin` as its input, however it ends.
+fn keel(args: &[&str], cwd: &Path, stdin: &str) -> Output {
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
+    support::run_with_input(&mut support::keel(cwd, &cache, args), stdin, KEEL_LIMIT)
 }
+
+/// How long one `keel` command of these tests may take: `keel bench
+/// --quick` among them compiles fifty plugins on a cold cache.
+const KEEL_LIMIT: Duration = Duration::from_secs(600);
 
 #[test]
 fn runs_a_batch_from_stdin_with_the_bundled_tools_from_any_directory() {

@@ -2,9 +2,11 @@
 //! the trace (`--trace`), the timeline (`--timeline`), the summary line and
 //! the `--stats` table; none of it changes stdout.
 
-use std::io::Write as _;
+mod support;
+
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::Output;
+use std::time::Duration;
 
 use rmcp::ServiceExt as _;
 use rmcp::model::CallToolRequestParams;
@@ -25,22 +27,17 @@ const BATCH: &str = r#"[
 
 const IDS: [&str; 7] = ["t1", "t2", "t3", "t4", "t5", "t6", "t7\"><i>"];
 
+/// `keel ARGS` in `cwd` with `stdin` as its input; panics unless it
+/// succeeded.
 fn keel(args: &[&str], cwd: &Path, stdin: &str) -> Output {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(args)
-        .current_dir(cwd)
-        .env("KEEL_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache"))
-        .env_remove("KEEL_LOG")
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    child.stdin.take().unwrap().write_all(stdin.as_bytes()).unwrap();
-    let output = child.wait_with_output().unwrap();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
+    let output = support::run_with_input(&mut support::keel(cwd, &cache, args), stdin, KEEL_LIMIT);
     assert!(output.status.success(), "keel {args:?}: {}", String::from_utf8_lossy(&output.stderr));
     output
 }
+
+/// How long one `keel` command of these tests may take.
+const KEEL_LIMIT: Duration = Duration::from_secs(120);
 
 fn workspace() -> tempfile::TempDir {
     let workspace = tempfile::tempdir().unwrap();
@@ -227,11 +224,10 @@ fn the_timeline_names_every_call_escapes_what_tools_control_and_loads_nothing() 
 fn a_trace_that_cannot_be_written_stops_the_run_before_it_starts_naming_the_path() {
     let workspace = workspace();
     std::fs::write(workspace.path().join("batch.json"), BATCH).unwrap();
-    let output = Command::new(env!("CARGO_BIN_EXE_keel"))
-        .args(["run", "--trace", "no/such/dir/t.json", "batch.json"])
-        .current_dir(workspace.path())
-        .output()
-        .unwrap();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
+    let mut command =
+        support::keel(workspace.path(), &cache, &["run", "--trace", "no/such/dir/t.json", "batch.json"]);
+    let output = support::run(&mut command, KEEL_LIMIT);
     assert_eq!(output.status.code(), Some(1));
     assert!(output.stdout.is_empty());
     let stderr = String::from_utf8_lossy(&output.stderr);

@@ -83,12 +83,23 @@ pub fn serve_with(workspace: &Path, plugins: &[PathBuf], flags: &[&str]) -> Serv
 /// Run `command` to its end, killing it after `limit`; a failure to start
 /// or to finish in time panics naming the command.
 pub fn run(command: &mut Command, limit: Duration) -> Output {
+    run_with_input(command, "", limit)
+}
+
+/// [`run`], with `input` on the command's standard input.
+pub fn run_with_input(command: &mut Command, input: &str, limit: Duration) -> Output {
     let mut child = command
-        .stdin(Stdio::null())
+        .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
         .unwrap_or_else(|error| panic!("failed to start {command:?}: {error}"));
+    // Written on a thread of its own, so a command that reads none of it
+    // cannot stall the test; dropped then, so the command sees its end.
+    let (mut stdin, input) = (child.stdin.take().unwrap(), input.to_owned());
+    std::thread::spawn(move || {
+        let _ = std::io::Write::write_all(&mut stdin, input.as_bytes());
+    });
     let drain = |mut pipe: Box<dyn std::io::Read + Send>| {
         std::thread::spawn(move || {
             let mut bytes = Vec::new();
