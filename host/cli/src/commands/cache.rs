@@ -8,6 +8,8 @@ use clap::{Args, Subcommand};
 use keel_host::load::cache;
 use keel_host::load::default_cache_dir;
 
+use crate::commands::size;
+
 /// Arguments of `keel cache`.
 #[derive(Args)]
 pub struct CacheArgs {
@@ -63,14 +65,6 @@ pub fn run(args: &CacheArgs) -> Result<()> {
         }
     }
     Ok(())
-}
-
-fn size(bytes: u64) -> String {
-    match bytes {
-        0..1024 => format!("{bytes} B"),
-        1024..1_048_576 => format!("{:.1} KiB", bytes as f64 / 1024.0),
-        _ => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
-    }
 }
 
 fn ago(age: Duration) -> String {

@@ -6,6 +6,7 @@ use std::fmt::Write as _;
 use keel_host::events::Step;
 
 use super::record::{CallRecord, Recording};
+use crate::commands::size;
 
 /// `5 calls, 1 error, 412 ms; slowest: grep (t3) 230 ms`: the calls of the
 /// batch, those whose result is an error, the batch's wall time, and the
@@ -87,9 +88,9 @@ fn row(call: &CallRecord) -> [String; 13] {
         step(Step::Call),
         step(Step::Budget),
         figures.and_then(|figures| figures.fuel).map_or_else(none, |fuel| fuel.to_string()),
-        figures.and_then(|figures| figures.memory_peak).map_or_else(none, bytes),
-        figures.map_or_else(none, |figures| bytes(figures.bytes_in)),
-        figures.map_or_else(none, |figures| bytes(figures.bytes_out)),
+        figures.and_then(|figures| figures.memory_peak).map_or_else(none, size),
+        figures.map_or_else(none, |figures| size(figures.bytes_in)),
+        figures.map_or_else(none, |figures| size(figures.bytes_out)),
     ]
 }
 
@@ -108,15 +109,6 @@ pub fn duration(us: u64) -> String {
     }
 }
 
-/// A size for a person: `512 B`, `3.4 KiB`, `1.1 MiB`.
-pub fn bytes(count: u64) -> String {
-    match count {
-        0..1024 => format!("{count} B"),
-        1024..1_048_576 => format!("{:.1} KiB", count as f64 / 1024.0),
-        _ => format!("{:.1} MiB", count as f64 / 1_048_576.0),
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -128,7 +120,7 @@ mod tests {
         assert_eq!(duration(412_400), "412 ms");
         assert_eq!(duration(1_250_000), "1.25 s");
         assert_eq!(millis(3_240), "3.240");
-        assert_eq!(bytes(3_482), "3.4 KiB");
+        assert_eq!(size(3_482), "3.4 KiB");
     }
 
     #[test]

@@ -12,7 +12,8 @@ use std::fmt::Write as _;
 use keel_host::events::{Step, StepTime};
 
 use super::record::{Group, Layout, Placed, Recording, shorten};
-use super::stats::{bytes, duration};
+use super::stats::duration;
+use crate::commands::size;
 
 /// The width of the drawing, in px: it fits a 1200 px window.
 const WIDTH: f64 = 1150.0;
@@ -340,9 +341,9 @@ fn figures_tip(placed: &Placed<'_>) -> String {
             let _ = write!(tip, "\nfuel: {fuel}");
         }
         if let Some(peak) = figures.memory_peak {
-            let _ = write!(tip, "\nmemory peak: {}", bytes(peak));
+            let _ = write!(tip, "\nmemory peak: {}", size(peak));
         }
-        let _ = write!(tip, "\nin: {}, out: {}", bytes(figures.bytes_in), bytes(figures.bytes_out));
+        let _ = write!(tip, "\nin: {}, out: {}", size(figures.bytes_in), size(figures.bytes_out));
     }
     tip
 }
