@@ -300,9 +300,13 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
     }
 }
 
-/// The answer of `endpoint` to a request for `/metrics`: the metrics to a
-/// `GET` (or `HEAD`), `405` to any other method.
-fn metrics_response<B>(endpoint: &Endpoint, request: &Request<B>) -> Response<Body> {
+/// The answer of `endpoint` to a request for `/metrics`: `403` unless its
+/// `Host` is one of `hosts` (rmcp checks the same names for `/mcp`), then
+/// the metrics to a `GET` (or `HEAD`), `405` to any other method.
+fn metrics_response<B>(endpoint: &Endpoint, hosts: &[String], request: &Request<B>) -> Response<Body> {
+    if !host_allowed(request.headers(), hosts) {
+        return plain(StatusCode::FORBIDDEN, "forbidden: the Host header names no allowed host\n");
+    }
     if request.method() != hyper::Method::GET && request.method() != hyper::Method::HEAD {
         let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "metrics are read with GET\n");
         response.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
@@ -346,10 +350,8 @@ pub async fn serve_metrics(endpoint: Endpoint, addr: SocketAddr, hosts: Arc<[Str
                             StatusCode::NOT_FOUND,
                             format!("not found: keel serves metrics on {METRICS_PATH}\n"),
                         )
-                    } else if !host_allowed(request.headers(), &hosts) {
-                        plain(StatusCode::FORBIDDEN, "forbidden: the Host header names no allowed host\n")
                     } else {
-                        metrics_response(&endpoint, &request)
+                        metrics_response(&endpoint, &hosts, &request)
                     };
                     async move { Ok::<_, Infallible>(response) }
                 });
@@ -368,7 +370,7 @@ pub async fn serve_metrics(endpoint: Endpoint, addr: SocketAddr, hosts: Arc<[Str
 }
 
 /// The body of every response.
-pub type Body = BoxBody<Bytes, Infallible>;
+type Body = BoxBody<Bytes, Infallible>;
 
 /// `/mcp` and the token, then rmcp; `/metrics` (with the `Host` names it
 /// answers to) when `metrics` is given; anything else answered here.
@@ -398,11 +400,7 @@ where
         return response;
     }
     if let Some((endpoint, hosts)) = metrics {
-        // rmcp checks `Host` for `/mcp`; the same names for `/metrics`.
-        if !host_allowed(request.headers(), hosts) {
-            return plain(StatusCode::FORBIDDEN, "forbidden: the Host header names no allowed host\n");
-        }
-        return metrics_response(endpoint, &request);
+        return metrics_response(endpoint, hosts, &request);
     }
     match mcp.call(request).await {
         Ok(response) => response,
@@ -424,7 +422,7 @@ fn bearer_matches(value: Option<&header::HeaderValue>, token: &[u8]) -> bool {
 /// on any port, `name:port` on that port only), as rmcp checks it for
 /// `/mcp`: a page that rebinds a name of its own to a loopback address
 /// reads nothing.
-pub fn host_allowed(headers: &header::HeaderMap, hosts: &[String]) -> bool {
+fn host_allowed(headers: &header::HeaderMap, hosts: &[String]) -> bool {
     let authority = |text: &str| {
         let authority: hyper::http::uri::Authority = text.trim().parse().ok()?;
         let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
@@ -444,7 +442,7 @@ pub fn host_allowed(headers: &header::HeaderMap, hosts: &[String]) -> bool {
 }
 
 /// A plain-text response.
-pub fn plain(status: StatusCode, text: impl Into<String>) -> Response<Body> {
+fn plain(status: StatusCode, text: impl Into<String>) -> Response<Body> {
     let mut response = Response::new(Full::new(Bytes::from(text.into())).boxed());
     *response.status_mut() = status;
     response
