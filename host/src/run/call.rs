@@ -104,24 +104,24 @@ pub async fn prepare(
     );
     let mut recorder =
         if figures || !span.is_disabled() { Recorder::new(size as u64) } else { Recorder::off() };
-    let started = recorder.start();
+    let recording = recorder.is_on();
     let questions = async {
         let mut invocation = entry
             .tool
             .invoke(input.clone(), context.clone())
             .await
             .map_err(|error| fail(call_failed(&spec.name, &error)))?;
-        if recorder.is_on() {
-            recorder.watch(invocation.record_usage());
-        }
+        // Before any question, so that its fuel is counted too.
+        let usage = if recording { invocation.record_usage() } else { None };
         if let Some(fuel) = fuel {
             invocation.share_batch_fuel(fuel.clone());
         }
         let concurrency_safe = invocation.is_concurrency_safe().await;
-        Ok((invocation, concurrency_safe))
+        Ok((invocation, concurrency_safe, usage))
     };
-    let (invocation, concurrency_safe) = questions.instrument(step_span(&span, Step::Questions)).await?;
-    recorder.record(Step::Questions, started);
+    let mut steps = Steps { recorder: &mut recorder, span: &span };
+    let (invocation, concurrency_safe, usage) = steps.time(Step::Questions, questions).await?;
+    recorder.watch(usage);
     Ok(Prepared {
         id: tool_use.id.clone(),
         entry: entry.clone(),
@@ -150,12 +150,10 @@ impl Prepared {
     /// every answer given under the old context is forgotten, and whether it
     /// is concurrency-safe is asked again.
     pub(crate) async fn replan(&mut self, context: Arc<Value>) {
-        let started = self.recorder.start();
         self.invocation.set_context(context.clone());
         self.context = context;
-        let asking = self.invocation.is_concurrency_safe();
-        self.concurrency_safe = asking.instrument(step_span(&self.span, Step::Questions)).await;
-        self.recorder.record(Step::Questions, started);
+        let mut steps = Steps { recorder: &mut self.recorder, span: &self.span };
+        self.concurrency_safe = steps.time(Step::Questions, self.invocation.is_concurrency_safe()).await;
     }
 
     /// The tool's name (the real one, when the call used an alias).
@@ -165,11 +163,8 @@ impl Prepared {
 
     /// A short phrase for a progress display.
     pub async fn activity(&mut self) -> Option<String> {
-        let started = self.recorder.start();
-        let asking = self.invocation.activity_description();
-        let activity = asking.instrument(step_span(&self.span, Step::Questions)).await;
-        self.recorder.record(Step::Questions, started);
-        activity
+        let mut steps = Steps { recorder: &mut self.recorder, span: &self.span };
+        steps.time(Step::Questions, self.invocation.activity_description()).await
     }
 
     /// At the call's turn: the tool's own validation, then its permission
@@ -192,15 +187,15 @@ impl Prepared {
     }
 }
 
-/// Where a running call's steps are recorded and traced.
-struct Steps<'a> {
-    recorder: &'a mut Recorder,
-    span: &'a tracing::Span,
+/// Where a call's steps are recorded and traced.
+pub(crate) struct Steps<'a> {
+    pub(crate) recorder: &'a mut Recorder,
+    pub(crate) span: &'a tracing::Span,
 }
 
 impl Steps<'_> {
     /// Run `step`, timed and inside a span of its own.
-    async fn time<T>(&mut self, step: Step, work: impl Future<Output = T>) -> T {
+    pub(crate) async fn time<T>(&mut self, step: Step, work: impl Future<Output = T>) -> T {
         let started = self.recorder.start();
         let output = work.instrument(step_span(self.span, step)).await;
         self.recorder.record(step, started);
@@ -211,7 +206,7 @@ impl Steps<'_> {
 /// The span of one step of a call, a child of the call's span, made by the
 /// subscriber that made the call's (the step may run on a thread whose
 /// default subscriber is another, which knows no such parent).
-pub(crate) fn step_span(call: &tracing::Span, step: Step) -> tracing::Span {
+fn step_span(call: &tracing::Span, step: Step) -> tracing::Span {
     let make = || match step {
         Step::Questions => tracing::info_span!(target: "keel_host::call", parent: call, "questions"),
         Step::Setup => tracing::info_span!(target: "keel_host::call", parent: call, "setup"),

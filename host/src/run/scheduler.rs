@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 
 use serde_json::Value;
 use tokio::sync::mpsc;
-use tracing::Instrument as _;
 
 use crate::batch::{ToolResult, ToolUse};
 use crate::budget::ledger::Ledger;
@@ -18,7 +17,7 @@ use crate::events::figures::Step;
 use crate::events::summary::{self, Summarizer, SummaryCall};
 use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
-use crate::run::call::{self, Finished, NOT_STARTED, PLANNING_PANICKED, Prepared, RUN_PANICKED};
+use crate::run::call::{self, Finished, NOT_STARTED, PLANNING_PANICKED, Prepared, RUN_PANICKED, Steps};
 use crate::run::context;
 use crate::run::interrupt::Interrupt;
 use crate::run::partition::{Admission, partition};
@@ -668,9 +667,8 @@ pub(crate) async fn run_call(
             Ok(finished) => finished,
             Err(result) => return Ran { result, modifier: None, threshold },
         };
-    let started = recorder.start();
-    let result = budget.per_tool(result, threshold).instrument(call::step_span(&span, Step::Budget)).await;
-    recorder.record(Step::Budget, started);
+    let mut steps = Steps { recorder: &mut recorder, span: &span };
+    let result = steps.time(Step::Budget, budget.per_tool(result, threshold)).await;
     let figures = recorder.is_on().then(|| recorder.figures(&entry.tool.spec().name));
     if let Some(figures) = figures.as_ref().filter(|_| !span.is_disabled()) {
         span.record("outcome", figures.outcome.as_str());
