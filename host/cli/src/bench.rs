@@ -157,6 +157,39 @@ pub fn per_call(options: &BenchOptions) -> Result<Figure> {
     Ok(Figure::new("per_call_overhead (keel / floor)", median(keel), median(bare), "µs").at_most(1.25))
 }
 
+/// Figure 1, after idle: one call through keel's whole path against the
+/// floor, each call after 5 ms in which the process does nothing, as calls
+/// arrive from a model between its turns: what a call costs when the
+/// caches hold something else.
+pub fn per_call_after_idle(options: &BenchOptions) -> Result<Figure> {
+    let workspace = tempdir()?;
+    let rt = runtime(1);
+    let host = rt.block_on(echo_host(options, workspace.path()))?;
+    let floor = Floor::new(&options.tool("echo"))?;
+    let calls = options.scale(200, 20);
+    let input = r#"{"text":"hello"}"#;
+    let idle = std::time::Duration::from_millis(5);
+    let (mut keel, mut bare) = (Vec::new(), Vec::new());
+    rt.block_on(async {
+        for id in 0..calls {
+            std::thread::sleep(idle);
+            let started = Instant::now();
+            floor.call(input).await.expect("echo does not fail");
+            bare.push(started.elapsed().as_secs_f64() * 1e6);
+            std::thread::sleep(idle);
+            let started = Instant::now();
+            host.run_batch(&[echo_use(id)]).await;
+            keel.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+    });
+    Ok(Figure::new(
+        "per_call_overhead_after_idle (keel / floor, each after 5 ms idle)",
+        median(keel),
+        median(bare),
+        "µs",
+    ))
+}
+
 /// Figure 2: 1,000 concurrency-safe calls, cap 10, against the floor's same
 /// loop under a semaphore; with `workers` tokio workers.
 pub fn throughput(options: &BenchOptions, workers: usize) -> Result<Figure> {
@@ -600,6 +633,7 @@ pub fn all(options: &BenchOptions, only: Option<&str>, mut report: impl FnMut(Fi
     let start = Instant::now();
     if wanted("per_call_overhead") {
         report(per_call(options)?);
+        report(per_call_after_idle(options)?);
     }
     if wanted("throughput") {
         report(throughput(options, 1)?);

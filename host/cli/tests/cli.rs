@@ -82,6 +82,7 @@ fn bench_quick_prints_one_json_figure_per_line() {
         names,
         [
             "per_call_overhead",
+            "per_call_overhead_after_idle",
             "throughput_1_workers",
             &all_workers,
             "batch_speedup",
