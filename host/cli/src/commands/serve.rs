@@ -22,6 +22,7 @@ mod http;
 mod metrics;
 mod oversized;
 mod reload;
+mod stop;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -69,84 +70,94 @@ pub struct ServeArgs {
 }
 
 /// Build the host from the flags and `keel.toml`, then answer MCP requests
-/// on stdin and stdout until the client closes stdin.
+/// on stdin and stdout until the client closes stdin, or over HTTP; either
+/// until `SIGINT` or `SIGTERM` ([`stop`]).
 pub fn run(args: &ServeArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async {
-        let (config, _) = Config::discover(args.host.config.as_deref(), &std::env::current_dir()?)?;
-        // Calls that need approval ask the user of the client that made them.
-        let prompter = approval::ClientPrompter::default();
-        // One session directory for the server's life, reloads included:
-        // results persisted before a reload stay where they were shown.
-        let session = session_dir(args.host.workspace.as_deref());
-        let host_args = args.host.clone();
-        let asker = prompter.clone();
-        let builder = move || {
-            // Each call's result is final: no ledger to keep them stable.
-            let mut builder = host_args
-                .builder_without_plugins()
-                .config(config.clone())
-                .without_ledger()
-                .prompter(Arc::new(prompter.clone()));
-            if let Some(dir) = &session {
-                builder = builder.session_dir(dir.clone());
-            }
-            builder
-        };
-        let first = builder();
-        let (_, grants) = first.resolve_grants()?;
-        let limits = first.resolve_limits();
-        let runtime = Arc::new(args.host.runtime(&limits, first.cache())?);
-        // Every server over HTTP counts its calls; one on stdio only when
-        // asked to serve them.
-        let metrics = (args.http.http.is_some() || args.metrics.metrics_addr.is_some())
-            .then(|| Arc::new(metrics::Metrics::new()));
-        let mut plugins = reload::Plugins::load(args.host.plugin_paths()?, runtime, grants, limits).await?;
-        if let Some(metrics) = &metrics {
-            metrics.plugins_loaded(plugins.tools().len());
-            plugins.count_in(metrics.clone());
+    // From the start: a signal while the plugins load, or before a client
+    // sends `initialize`, stops the server too.
+    let served = runtime.block_on(async { stop::Stop::listen()?.or(serve(args)).await });
+    // The tasks still running are dropped now, and with the last of them the
+    // trace file, which writes what it holds. A blocking read of stdin
+    // cannot be cancelled: it is not waited for past the grace.
+    runtime.shutdown_timeout(stop::GRACE);
+    served
+}
+
+/// Serve as [`run`] says, on the runtime.
+async fn serve(args: &ServeArgs) -> Result<()> {
+    let (config, _) = Config::discover(args.host.config.as_deref(), &std::env::current_dir()?)?;
+    // Calls that need approval ask the user of the client that made them.
+    let prompter = approval::ClientPrompter::default();
+    // One session directory for the server's life, reloads included:
+    // results persisted before a reload stay where they were shown.
+    let session = session_dir(args.host.workspace.as_deref());
+    let host_args = args.host.clone();
+    let asker = prompter.clone();
+    let builder = move || {
+        // Each call's result is final: no ledger to keep them stable.
+        let mut builder = host_args
+            .builder_without_plugins()
+            .config(config.clone())
+            .without_ledger()
+            .prompter(Arc::new(prompter.clone()));
+        if let Some(dir) = &session {
+            builder = builder.session_dir(dir.clone());
         }
-        let host = first.plugin_tools(plugins.tools()).build().await?;
-        let events = match &args.events {
-            Some(path) => Some(EventLog::create(path)?),
-            None => None,
-        };
-        let trace = match &args.trace {
-            Some(path) => Some(Arc::new(super::run::trace::TraceFile::create(path)?)),
-            None => None,
-        };
-        let server = Server { trace, ..Server::new(host, events, asker, metrics.clone()) };
-        let watched = server.clone();
-        tokio::spawn(reload::watch(
-            plugins,
-            move || Ok(builder()),
-            move |host| {
-                let server = watched.clone();
-                async move { server.reloaded(host).await }
-            },
-        ));
-        let endpoint = metrics.map(|metrics| metrics::Endpoint::new(metrics, server.live.clone()));
-        if let (Some(endpoint), Some(addr)) = (&endpoint, args.metrics.metrics_addr) {
-            let hosts = http::allowed_hosts(&args.http.allow_hosts).into();
-            http::serve_metrics(endpoint.clone(), addr, hosts).await?;
-        }
-        if let Some(addr) = args.http.http {
-            // `/metrics` on the MCP listener, behind its token, unless it
-            // has a listener of its own.
-            let endpoint = endpoint.filter(|_| args.metrics.metrics_addr.is_none());
-            return http::serve(server, addr, &args.http, endpoint).await;
-        }
-        let (stdin, stdout) = rmcp::transport::stdio_pipes();
-        let stdin = oversized::BoundedLines::new(stdin, oversized::MAX_MESSAGE_BYTES);
-        // The lines are bounded below; a stand-in for one too large is short.
-        let rw =
-            AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(oversized::MAX_MESSAGE_BYTES);
-        let transport = Arrivals::new(rw, server.live.clone());
-        tracing::info!("serving {} tools over MCP on stdio", server.live.current().tools.len());
-        let service = server.serve(transport).await.context("failed to start the MCP session")?;
-        service.waiting().await.context("the MCP session failed")?;
-        anyhow::Ok(())
-    })
+        builder
+    };
+    let first = builder();
+    let (_, grants) = first.resolve_grants()?;
+    let limits = first.resolve_limits();
+    let runtime = Arc::new(args.host.runtime(&limits, first.cache())?);
+    // Every server over HTTP counts its calls; one on stdio only when
+    // asked to serve them.
+    let metrics = (args.http.http.is_some() || args.metrics.metrics_addr.is_some())
+        .then(|| Arc::new(metrics::Metrics::new()));
+    let mut plugins = reload::Plugins::load(args.host.plugin_paths()?, runtime, grants, limits).await?;
+    if let Some(metrics) = &metrics {
+        metrics.plugins_loaded(plugins.tools().len());
+        plugins.count_in(metrics.clone());
+    }
+    let host = first.plugin_tools(plugins.tools()).build().await?;
+    let events = match &args.events {
+        Some(path) => Some(EventLog::create(path)?),
+        None => None,
+    };
+    let trace = match &args.trace {
+        Some(path) => Some(Arc::new(super::run::trace::TraceFile::create(path)?)),
+        None => None,
+    };
+    let server = Server { trace, ..Server::new(host, events, asker, metrics.clone()) };
+    let watched = server.clone();
+    tokio::spawn(reload::watch(
+        plugins,
+        move || Ok(builder()),
+        move |host| {
+            let server = watched.clone();
+            async move { server.reloaded(host).await }
+        },
+    ));
+    let endpoint = metrics.map(|metrics| metrics::Endpoint::new(metrics, server.live.clone()));
+    if let (Some(endpoint), Some(addr)) = (&endpoint, args.metrics.metrics_addr) {
+        let hosts = http::allowed_hosts(&args.http.allow_hosts).into();
+        http::serve_metrics(endpoint.clone(), addr, hosts).await?;
+    }
+    if let Some(addr) = args.http.http {
+        // `/metrics` on the MCP listener, behind its token, unless it
+        // has a listener of its own.
+        let endpoint = endpoint.filter(|_| args.metrics.metrics_addr.is_none());
+        return http::serve(server, addr, &args.http, endpoint).await;
+    }
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
+    let stdin = oversized::BoundedLines::new(stdin, oversized::MAX_MESSAGE_BYTES);
+    // The lines are bounded below; a stand-in for one too large is short.
+    let rw = AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(oversized::MAX_MESSAGE_BYTES);
+    let transport = Arrivals::new(rw, server.live.clone());
+    tracing::info!("serving {} tools over MCP on stdio", server.live.current().tools.len());
+    let service = server.serve(transport).await.context("failed to start the MCP session")?;
+    service.waiting().await.context("the MCP session failed")?;
+    Ok(())
 }
 
 /// Where this server persists results: a session directory of its own under

@@ -5,6 +5,7 @@
 #![allow(dead_code, reason = "each test binary uses part of it")]
 
 pub mod http;
+pub mod otlp;
 pub mod registry;
 
 use std::io::{BufRead as _, BufReader, Read as _};

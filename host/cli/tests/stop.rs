@@ -1,0 +1,154 @@
+//! `keel serve` stopped by `SIGTERM` or `SIGINT`: it exits cleanly, and
+//! nothing it keeps for later is lost: its trace file holds the calls it
+//! served, and the spans still waiting for the OTLP exporter (which sends
+//! them in batches, every few seconds) reach the collector before it exits.
+
+use std::io::{BufRead as _, BufReader, Write as _};
+use std::net::SocketAddr;
+use std::path::Path;
+use std::process::{Child, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use serde_json::{Value, json};
+use support::bundled;
+use support::http::stateless_call;
+use support::otlp::{receiver, spans};
+
+mod support;
+
+/// Send `signal` (`TERM`, `INT`) to `child`.
+fn signal(child: &Child, signal: &str) {
+    let sent =
+        std::process::Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status();
+    assert!(sent.unwrap().success(), "kill -{signal} {}", child.id());
+}
+
+/// Wait for `child` to exit, for at most `limit`; panics if it does not.
+fn exit_within(child: &mut Child, limit: Duration) -> ExitStatus {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("keel serve did not exit within {limit:?} of the signal");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// The lines `child` writes to stderr, kept as they come, once it has named
+/// the URL it serves (returned).
+fn serving(child: &mut Child) -> (String, Arc<Mutex<Vec<String>>>) {
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let url = loop {
+        let line = lines.next().expect("keel serve names its address before it stops").unwrap();
+        if let Some(rest) = line.strip_prefix("keel: serving MCP on ") {
+            break rest.to_string();
+        }
+    };
+    let kept = Arc::new(Mutex::new(Vec::new()));
+    let into = kept.clone();
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(|line| into.lock().unwrap().push(line)));
+    (url, kept)
+}
+
+/// The tool spans of the trace file at `path`: each call's tool and id.
+fn traced_calls(path: &Path) -> Vec<(String, String)> {
+    let trace: Value = serde_json::from_slice(&std::fs::read(path).unwrap()).unwrap();
+    trace["traceEvents"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|event| event["cat"] == "tool")
+        .map(|event| {
+            (event["name"].as_str().unwrap().into(), event["args"]["tool_use_id"].as_str().unwrap().into())
+        })
+        .collect()
+}
+
+#[test]
+fn sigterm_stops_the_http_server_with_its_trace_written_and_its_spans_sent() {
+    let (collector, received) = receiver();
+    let workspace = tempfile::tempdir().unwrap();
+    let trace = workspace.path().join("serve.trace.json");
+    let mut command = support::command(
+        workspace.path(),
+        &[bundled("echo")],
+        &["--http", "127.0.0.1:0", "--trace", trace.to_str().unwrap()],
+    );
+    for (name, _) in std::env::vars() {
+        if name.starts_with("OTEL_") {
+            command.env_remove(name);
+        }
+    }
+    command.env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"));
+    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
+    let (url, stderr) = serving(&mut child);
+    let addr: SocketAddr = url.trim_start_matches("http://").trim_end_matches("/mcp").parse().unwrap();
+
+    let reply = stateless_call(addr, &[], "echo", &json!({ "text": "before the stop" }));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.message()["result"]["content"][0]["text"], "before the stop", "{}", reply.body);
+    // At once: the exporter sends its batch only seconds after the call.
+    signal(&child, "TERM");
+    let status = exit_within(&mut child, Duration::from_secs(30));
+
+    let stderr = stderr.lock().unwrap().join("\n");
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(stderr.contains("keel: stopping on SIGTERM"), "{stderr}");
+    assert_eq!(traced_calls(&trace), [("echo".to_string(), "mcp-0".to_string())]);
+    let spans = spans(&received);
+    assert!(
+        spans.iter().any(|span| span.name == "echo"),
+        "the call's span was sent before keel exited: {:?}",
+        spans.iter().map(|span| &span.name).collect::<Vec<_>>()
+    );
+}
+
+#[test]
+fn sigint_stops_the_stdio_server_while_its_client_keeps_stdin_open() {
+    let workspace = tempfile::tempdir().unwrap();
+    let trace = workspace.path().join("serve.trace.json");
+    let mut child =
+        support::command(workspace.path(), &[bundled("echo")], &["--trace", trace.to_str().unwrap()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let messages = [
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": { "name": "test", "version": "1" } } }),
+        json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }),
+        json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+            "params": { "name": "echo", "arguments": { "text": "hello" } } }),
+    ];
+    for message in messages {
+        writeln!(stdin, "{message}").unwrap();
+    }
+    stdin.flush().unwrap();
+    let reply = loop {
+        let line = stdout.next().expect("a reply to the call before stdout closes").unwrap();
+        let message: Value = serde_json::from_str(&line).unwrap();
+        if message["id"] == 2 {
+            break message;
+        }
+    };
+    assert_eq!(reply["result"]["content"][0]["text"], "hello", "{reply}");
+
+    // The client is still there: stdin stays open while the server stops.
+    signal(&child, "INT");
+    let status = exit_within(&mut child, Duration::from_secs(30));
+    let mut stderr = String::new();
+    std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(stderr.contains("keel: stopping on SIGINT"), "{stderr}");
+    assert_eq!(traced_calls(&trace), [("echo".to_string(), "mcp-0".to_string())]);
+    drop(stdin);
+}
