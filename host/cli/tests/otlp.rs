@@ -6,9 +6,7 @@
 use std::path::Path;
 use std::process::Command;
 
-use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
-use prost::Message as _;
-use support::otlp::{attribute, receiver};
+use support::otlp::{attribute, exports, receiver, spans};
 use support::{bundled, keel_ok};
 
 mod support;
@@ -46,18 +44,13 @@ fn a_run_exports_a_span_per_call_named_after_its_tool_with_a_child_per_step() {
     assert!(stdout.contains("\"toolu_2\""), "{stdout}");
 
     // keel has exited: whatever it sent has arrived.
-    let received = received.lock().unwrap().clone();
-    assert!(!received.is_empty(), "spans were sent before keel exited");
-    let mut spans = Vec::new();
-    for (content_type, body) in &received {
-        assert_eq!(content_type, "application/x-protobuf", "protobuf unless asked otherwise");
-        let request = ExportTraceServiceRequest::decode(body.clone()).expect("an OTLP trace export");
-        for resource in request.resource_spans {
-            let attributes = resource.resource.map(|resource| resource.attributes).unwrap_or_default();
-            assert_eq!(attribute(&attributes, "service.name"), Some("keel"));
-            spans.extend(resource.scope_spans.into_iter().flat_map(|scope| scope.spans));
-        }
+    let exports = exports(&received);
+    assert!(!exports.is_empty(), "spans were sent before keel exited");
+    for resource in exports.iter().flat_map(|request| &request.resource_spans) {
+        let attributes = resource.resource.as_ref().map_or(&[][..], |resource| &resource.attributes[..]);
+        assert_eq!(attribute(attributes, "service.name"), Some("keel"));
     }
+    let spans = spans(&received);
     for id in ["toolu_1", "toolu_2"] {
         let call = spans
             .iter()

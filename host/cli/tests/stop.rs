@@ -4,56 +4,16 @@
 //! them in batches, every few seconds) reach the collector before it exits.
 
 use std::io::{BufRead as _, BufReader, Write as _};
-use std::net::SocketAddr;
 use std::path::Path;
-use std::process::{Child, ExitStatus, Stdio};
-use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::process::Stdio;
+use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::bundled;
 use support::http::stateless_call;
 use support::otlp::{receiver, spans};
+use support::{bundled, exit_within, signal_child};
 
 mod support;
-
-/// Send `signal` (`TERM`, `INT`) to `child`.
-fn signal(child: &Child, signal: &str) {
-    let sent =
-        std::process::Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status();
-    assert!(sent.unwrap().success(), "kill -{signal} {}", child.id());
-}
-
-/// Wait for `child` to exit, for at most `limit`; panics if it does not.
-fn exit_within(child: &mut Child, limit: Duration) -> ExitStatus {
-    let deadline = Instant::now() + limit;
-    loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("keel serve did not exit within {limit:?} of the signal");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-}
-
-/// The lines `child` writes to stderr, kept as they come, once it has named
-/// the URL it serves (returned).
-fn serving(child: &mut Child) -> (String, Arc<Mutex<Vec<String>>>) {
-    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
-    let url = loop {
-        let line = lines.next().expect("keel serve names its address before it stops").unwrap();
-        if let Some(rest) = line.strip_prefix("keel: serving MCP on ") {
-            break rest.to_string();
-        }
-    };
-    let kept = Arc::new(Mutex::new(Vec::new()));
-    let into = kept.clone();
-    std::thread::spawn(move || lines.map_while(Result::ok).for_each(|line| into.lock().unwrap().push(line)));
-    (url, kept)
-}
 
 /// The tool spans of the trace file at `path`: each call's tool and id.
 fn traced_calls(path: &Path) -> Vec<(String, String)> {
@@ -85,18 +45,16 @@ fn sigterm_stops_the_http_server_with_its_trace_written_and_its_spans_sent() {
         }
     }
     command.env("OTEL_EXPORTER_OTLP_ENDPOINT", format!("http://{collector}"));
-    let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
-    let (url, stderr) = serving(&mut child);
-    let addr: SocketAddr = url.trim_start_matches("http://").trim_end_matches("/mcp").parse().unwrap();
+    let mut serving = support::start(&mut command);
 
-    let reply = stateless_call(addr, &[], "echo", &json!({ "text": "before the stop" }));
+    let reply = stateless_call(serving.addr, &[], "echo", &json!({ "text": "before the stop" }));
     assert_eq!(reply.status, 200, "{}", reply.body);
     assert_eq!(reply.message()["result"]["content"][0]["text"], "before the stop", "{}", reply.body);
     // At once: the exporter sends its batch only seconds after the call.
-    signal(&child, "TERM");
-    let status = exit_within(&mut child, Duration::from_secs(30));
+    serving.signal("TERM");
+    let status = serving.exit_within(Duration::from_secs(30));
 
-    let stderr = stderr.lock().unwrap().join("\n");
+    let stderr = serving.stderr();
     assert!(status.success(), "{status}: {stderr}");
     assert!(stderr.contains("keel: stopping on SIGTERM"), "{stderr}");
     assert_eq!(traced_calls(&trace), [("echo".to_string(), "mcp-0".to_string())]);
@@ -143,7 +101,7 @@ fn sigint_stops_the_stdio_server_while_its_client_keeps_stdin_open() {
     assert_eq!(reply["result"]["content"][0]["text"], "hello", "{reply}");
 
     // The client is still there: stdin stays open while the server stops.
-    signal(&child, "INT");
+    signal_child(&child, "INT");
     let status = exit_within(&mut child, Duration::from_secs(30));
     let mut stderr = String::new();
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();

@@ -11,7 +11,8 @@ pub mod registry;
 use std::io::{BufRead as _, BufReader, Read as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// The bundled example tool `name`.
@@ -28,6 +29,53 @@ pub struct Serving {
     pub addr: SocketAddr,
     /// Where it serves `/metrics` alone, with `--metrics-addr`.
     pub metrics: Option<SocketAddr>,
+    /// What it wrote to stderr after naming its address, as it comes.
+    stderr: Arc<Mutex<Vec<String>>>,
+}
+
+impl Serving {
+    /// Send it `signal` (`TERM`, `INT`).
+    pub fn signal(&self, signal: &str) {
+        signal_child(&self.child, signal);
+    }
+
+    /// Wait for it to exit, for at most `limit`; panics if it does not.
+    pub fn exit_within(&mut self, limit: Duration) -> ExitStatus {
+        exit_within(&mut self.child, limit)
+    }
+
+    /// What it wrote to stderr after naming its address, so far.
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().join("\n")
+    }
+}
+
+/// Send `signal` (`TERM`, `INT`) to `child`.
+pub fn signal_child(child: &Child, signal: &str) {
+    let sent = Command::new("kill").arg(format!("-{signal}")).arg(child.id().to_string()).status();
+    assert!(sent.unwrap().success(), "kill -{signal} {}", child.id());
+}
+
+/// Wait for `child` to exit, for at most `limit`; kills it and panics if it
+/// does not.
+pub fn exit_within(child: &mut Child, limit: Duration) -> ExitStatus {
+    wait_within(child, limit).unwrap_or_else(|| panic!("the process did not exit within {limit:?}"))
+}
+
+/// How `child` exited, if it did within `limit`; killed and reaped if not.
+fn wait_within(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
 }
 
 impl Drop for Serving {
@@ -60,7 +108,12 @@ pub fn serve(workspace: &Path, plugins: &[PathBuf]) -> Serving {
 
 /// [`serve`] with `flags` too.
 pub fn serve_with(workspace: &Path, plugins: &[PathBuf], flags: &[&str]) -> Serving {
-    let mut command = command(workspace, plugins, &[&["--http", "127.0.0.1:0"], flags].concat());
+    start(&mut command(workspace, plugins, &[&["--http", "127.0.0.1:0"], flags].concat()))
+}
+
+/// Start `command`, a `keel serve --http` on a loopback port 0, and wait for
+/// the line that names the URL it serves.
+pub fn start(command: &mut Command) -> Serving {
     let mut child = command.stderr(Stdio::piped()).spawn().unwrap();
     let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
     let mut metrics = None;
@@ -76,9 +129,11 @@ pub fn serve_with(workspace: &Path, plugins: &[PathBuf], flags: &[&str]) -> Serv
     };
     let addr =
         url.trim_start_matches("http://").trim_end_matches("/mcp").parse().expect("an address in the URL");
-    // Drain the rest, so the child never blocks on a full pipe.
-    std::thread::spawn(move || lines.for_each(drop));
-    Serving { child, url, addr, metrics }
+    // Read the rest as it comes, so the child never blocks on a full pipe.
+    let stderr = Arc::new(Mutex::new(Vec::new()));
+    let kept = stderr.clone();
+    std::thread::spawn(move || lines.map_while(Result::ok).for_each(|line| kept.lock().unwrap().push(line)));
+    Serving { child, url, addr, metrics, stderr }
 }
 
 /// Run `command` to its end, killing it after `limit`; a failure to start
@@ -110,18 +165,9 @@ pub fn run_with_input(command: &mut Command, input: &str, limit: Duration) -> Ou
     };
     let stdout = drain(Box::new(child.stdout.take().unwrap()));
     let stderr = drain(Box::new(child.stderr.take().unwrap()));
-    let deadline = Instant::now() + limit;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() >= deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            let stderr = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
-            panic!("{command:?} did not finish within {limit:?}; its stderr:\n{stderr}");
-        }
-        std::thread::sleep(Duration::from_millis(50));
+    let Some(status) = wait_within(&mut child, limit) else {
+        let stderr = String::from_utf8_lossy(&stderr.join().unwrap()).into_owned();
+        panic!("{command:?} did not finish within {limit:?}; its stderr:\n{stderr}");
     };
     Output { status, stdout: stdout.join().unwrap(), stderr: stderr.join().unwrap() }
 }

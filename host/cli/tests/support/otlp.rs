@@ -80,15 +80,24 @@ pub fn attribute<'a>(attributes: &'a [KeyValue], key: &str) -> Option<&'a str> {
     })
 }
 
-/// Every span of the protobuf exports received so far.
+/// The exports received so far, each of which must be protobuf.
+pub fn exports(received: &Received) -> Vec<ExportTraceServiceRequest> {
+    let received = received.lock().unwrap();
+    received
+        .iter()
+        .map(|(content_type, body)| {
+            assert_eq!(content_type, "application/x-protobuf", "protobuf unless asked otherwise");
+            ExportTraceServiceRequest::decode(body.clone()).expect("an OTLP trace export")
+        })
+        .collect()
+}
+
+/// Every span of the exports received so far ([`exports`]).
 pub fn spans(received: &Received) -> Vec<Span> {
-    let mut spans = Vec::new();
-    for (content_type, body) in received.lock().unwrap().iter() {
-        assert_eq!(content_type, "application/x-protobuf", "protobuf unless asked otherwise");
-        let request = ExportTraceServiceRequest::decode(body.clone()).expect("an OTLP trace export");
-        for resource in request.resource_spans {
-            spans.extend(resource.scope_spans.into_iter().flat_map(|scope| scope.spans));
-        }
-    }
-    spans
+    exports(received)
+        .into_iter()
+        .flat_map(|request| request.resource_spans)
+        .flat_map(|resource| resource.scope_spans)
+        .flat_map(|scope| scope.spans)
+        .collect()
 }

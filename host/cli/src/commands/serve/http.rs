@@ -151,15 +151,7 @@ pub async fn serve(
     eprintln!("keel: serving MCP on http://{bound}{MCP_PATH}");
     let idle = Duration::from_secs(args.idle_timeout_secs.max(1));
     loop {
-        let (stream, peer) = match listener.accept().await {
-            Ok(accepted) => accepted,
-            Err(error) => {
-                // One failed accept (a client gone, descriptors short) loses
-                // that connection only.
-                tracing::warn!("failed to accept a connection: {error}");
-                continue;
-            }
-        };
+        let (stream, peer) = accept(&listener, "a connection").await;
         // A reply goes out in more than one write (its head, then its
         // events); with Nagle's algorithm on, a write waits for the client's
         // delayed ACK of the one before, 40 ms on Linux.
@@ -193,6 +185,18 @@ pub async fn serve(
                 () = activity.idle_for(idle) => tracing::debug!(%peer, "connection idle for {idle:?}: cut off"),
             }
         });
+    }
+}
+
+/// The next connection `listener` accepts. One failed accept (a client
+/// gone, descriptors short) loses that connection only: it is logged as
+/// failing to accept `what`, and the listener goes on.
+async fn accept(listener: &tokio::net::TcpListener, what: &str) -> (tokio::net::TcpStream, SocketAddr) {
+    loop {
+        match listener.accept().await {
+            Ok(accepted) => return accepted,
+            Err(error) => tracing::warn!("failed to accept {what}: {error}"),
+        }
     }
 }
 
@@ -335,13 +339,7 @@ pub async fn serve_metrics(endpoint: Endpoint, addr: SocketAddr, hosts: Arc<[Str
     eprintln!("keel: serving metrics on http://{bound}{METRICS_PATH}");
     tokio::spawn(async move {
         loop {
-            let (stream, peer) = match listener.accept().await {
-                Ok(accepted) => accepted,
-                Err(error) => {
-                    tracing::warn!("failed to accept a metrics connection: {error}");
-                    continue;
-                }
-            };
+            let (stream, peer) = accept(&listener, "a metrics connection").await;
             let (endpoint, hosts) = (endpoint.clone(), hosts.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request: Request<Incoming>| {
