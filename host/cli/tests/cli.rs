@@ -99,6 +99,8 @@ fn bench_quick_prints_one_json_figure_per_line() {
             "network_policy_check",
             "mcp_stdio_round_trip_p50",
             "mcp_stdio_server_cpu_per_call",
+            "mcp_stdio_round_trip_p50_no_sandbox",
+            "mcp_stdio_server_cpu_per_call_no_sandbox",
             "mcp_stdio_burst_200",
             "mcp_stdio_burst_200_answered",
             "mcp_http_p50",
@@ -131,8 +133,12 @@ fn bench_compares_keel_with_another_stdio_mcp_server() {
     // The native echo server the MCP figures measure keel against is a real
     // rmcp server on stdio: here it stands for the server a user runs today.
     let server = format!("{} bench --serve-native-echo", env!("CARGO_BIN_EXE_keel"));
-    let args = ["bench", "--quick", "--json", "--mcp-server", &server, "--tool", "echo", "--arguments"];
-    let output = keel(&[&args[..], &[r#"{"text":"hi"}"#]].concat(), dir.path(), "");
+    // `--tools` relative to where keel was started, though `keel serve` runs
+    // from a directory of its own.
+    let bundled = support::bundled("echo");
+    std::os::unix::fs::symlink(bundled.parent().unwrap(), dir.path().join("tools")).unwrap();
+    let args = ["bench", "--quick", "--json", "--tools", "tools", "--mcp-server", &server, "--tool", "echo"];
+    let output = keel(&[&args[..], &["--arguments", r#"{"text":"hi"}"#]].concat(), dir.path(), "");
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
     let figures: Vec<serde_json::Value> = String::from_utf8(output.stdout)
         .unwrap()

@@ -32,6 +32,9 @@ pub const NATIVE_ECHO_ARGS: [&str; 2] = ["bench", "--serve-native-echo"];
 /// What every call echoes.
 const TEXT: &str = "hello";
 
+/// The name of a tool no server of these figures has.
+const NO_TOOL: &str = "no-such-tool";
+
 /// The smallest MCP server over the transport `keel serve` uses: rmcp on
 /// stdio pipes, one `echo` tool answered natively. Serves until the client
 /// closes stdin.
@@ -87,7 +90,8 @@ impl ServerHandler for NativeEcho {
 }
 
 /// Figure 8: the `tools/call` round trip's median and the server's CPU time
-/// per call, `keel serve` against the native echo server; then figure 13,
+/// per call, `keel serve` against the native echo server, and the same for
+/// a call `keel serve` answers without a sandbox; then figure 13,
 /// the burst: 1,000 calls at once on one session of each.
 pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) -> Result<()> {
     let workspace = tempdir()?;
@@ -102,7 +106,9 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
         let mut echo = tokio::process::Command::new(&options.keel);
         echo.args(NATIVE_ECHO_ARGS);
         let native = Server::spawn(echo, workspace.path(), &options.keel).await?;
-        let [latency, cpu] = round_trip(options, &keel, &native, "echo", &echo_arguments()).await?;
+        let arguments = echo_arguments();
+        let native_echo = || native.call_tool("echo", &arguments);
+        let [latency, cpu] = round_trip(options, (&keel, || keel.call()), (&native, native_echo)).await?;
         let name = "(keel serve / native rmcp echo)";
         report(
             Figure::new(&format!("mcp_stdio_round_trip_p50 {name}"), latency[0], latency[1], "µs")
@@ -111,6 +117,24 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
         report(
             Figure::new(&format!("mcp_stdio_server_cpu_per_call {name}"), cpu[0], cpu[1], "µs").at_most(2.0),
         );
+        // What serving costs keel without a sandbox: a call of a tool it
+        // does not have is answered by the same path up to the tool's
+        // lookup, and makes no sandbox.
+        let [latency, cpu] =
+            round_trip(options, (&keel, || keel.call_no_tool()), (&native, native_echo)).await?;
+        let alone = "(keel serve answering a call of no tool / native rmcp echo)";
+        report(Figure::new(
+            &format!("mcp_stdio_round_trip_p50_no_sandbox {alone}"),
+            latency[0],
+            latency[1],
+            "µs",
+        ));
+        report(Figure::new(
+            &format!("mcp_stdio_server_cpu_per_call_no_sandbox {alone}"),
+            cpu[0],
+            cpu[1],
+            "µs",
+        ));
         let calls = options.scale(1_000, 200);
         let (keel_ms, keel_lost) = keel.burst(calls).await;
         let (native_ms, native_lost) = native.burst(calls).await;
@@ -138,16 +162,18 @@ fn echo_arguments() -> JsonObject {
     JsonObject::from_iter([("text".to_string(), Value::from(TEXT))])
 }
 
-/// The round trip's median and the server's CPU time per call of `tool`
-/// with `arguments`, `[keel, other]`: the two servers called in turn, round
-/// by round, on one client each.
-async fn round_trip(
+/// The round trip's median and the server's CPU time per call, `[keel,
+/// other]`, of `keel_call` and `other_call`: each a call on one server's
+/// client, the two called in turn, round by round.
+async fn round_trip<K, O>(
     options: &BenchOptions,
-    keel: &Server,
-    other: &Server,
-    tool: &str,
-    arguments: &JsonObject,
-) -> Result<[[f64; 2]; 2]> {
+    (keel, keel_call): (&Server, impl Fn() -> K),
+    (other, other_call): (&Server, impl Fn() -> O),
+) -> Result<[[f64; 2]; 2]>
+where
+    K: Future<Output = Result<()>>,
+    O: Future<Output = Result<()>>,
+{
     let ticks_per_second = clock_ticks_per_second()? as f64;
     let (warm_up, rounds, per_round) =
         (options.scale(200, 50), options.scale(5, 1), options.scale(1_000, 400));
@@ -156,8 +182,8 @@ async fn round_trip(
     // enough ticks that a tick more or less matters little.
     let (min_ticks, max_rounds) = (options.scale(20, 2) as u64, 10 * rounds);
     for _ in 0..warm_up {
-        keel.call().await?;
-        other.call_tool(tool, arguments).await?;
+        keel_call().await?;
+        other_call().await?;
     }
     let (mut keel_sample, mut other_sample) = (Sample::default(), Sample::default());
     for round in 0..max_rounds {
@@ -165,8 +191,8 @@ async fn round_trip(
         if round >= rounds && enough {
             break;
         }
-        other.measure(per_round, &mut other_sample, || other.call_tool(tool, arguments)).await?;
-        keel.measure(per_round, &mut keel_sample, || keel.call()).await?;
+        other.measure(per_round, &mut other_sample, &other_call).await?;
+        keel.measure(per_round, &mut keel_sample, &keel_call).await?;
     }
     Ok([
         [median(keel_sample.latencies.clone()), median(other_sample.latencies.clone())],
@@ -213,7 +239,9 @@ pub fn compare(
         })?;
         let other_first = started.elapsed().as_secs_f64() * 1e3;
         let name = format!("(keel serve echo / {command}: {tool})");
-        let [latency, cpu] = round_trip(options, &keel, &other, tool, arguments).await?;
+        let [latency, cpu] =
+            round_trip(options, (&keel, || keel.call()), (&other, || other.call_tool(tool, arguments)))
+                .await?;
         report(Figure::new(&format!("mcp_stdio_round_trip_p50 {name}"), latency[0], latency[1], "µs"));
         report(Figure::new(&format!("mcp_stdio_server_cpu_per_call {name}"), cpu[0], cpu[1], "µs"));
         let calls = 200;
@@ -292,6 +320,22 @@ impl Server {
         };
         if result.is_error == Some(true) || echoed != Some(text) {
             return Err(failed(Path::new("echo"), format!("unexpected result {result:?}")));
+        }
+        Ok(())
+    }
+
+    /// One call of a tool the server does not have; fails unless it is
+    /// answered with an error result that says so.
+    async fn call_no_tool(&self) -> Result<()> {
+        let request = CallToolRequestParams::new(NO_TOOL).with_arguments(echo_arguments());
+        let result =
+            self.client.call_tool(request).await.map_err(|error| failed(Path::new(NO_TOOL), error))?;
+        let said = match result.content.as_slice() {
+            [block] => block.as_text().is_some_and(|said| said.text.contains(NO_TOOL)),
+            _ => false,
+        };
+        if result.is_error != Some(true) || !said {
+            return Err(failed(Path::new(NO_TOOL), format!("unexpected result {result:?}")));
         }
         Ok(())
     }

@@ -78,7 +78,11 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
     // SAFETY: nothing else runs yet: the benchmarks start their threads below.
     unsafe { std::env::remove_var("RUST_BACKTRACE") };
     let tools = match &args.tools {
-        Some(dir) => dir.clone(),
+        // Absolute: the figures run `keel serve` on it from a directory of
+        // their own.
+        Some(dir) => {
+            std::path::absolute(dir).with_context(|| format!("failed to resolve {}", dir.display()))?
+        }
         None => super::run::bundled_tools()?,
     };
     let keel = std::env::current_exe().context("failed to find the keel binary")?;
