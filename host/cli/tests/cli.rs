@@ -108,6 +108,8 @@ fn bench_quick_prints_one_json_figure_per_line() {
             "mcp_http_calls_per_s_1_clients",
             "mcp_http_calls_per_s_10_clients",
             "mcp_http_calls_per_s_100_clients",
+            "mcp_http_p50_no_sandbox",
+            "mcp_http_calls_per_s_10_clients_no_sandbox",
             "mcp_http_two_replicas",
             "mcp_http_burst_200",
             "mcp_http_burst_200_answered",

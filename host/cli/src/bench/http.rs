@@ -155,11 +155,18 @@ impl Client {
 
     /// One `tools/call` of `echo` with `text`; fails unless it echoes `text`.
     async fn echo(&self, id: u64, text: &str) -> Result<()> {
+        self.call(id, Asked::Echo, text).await
+    }
+
+    /// One `tools/call` of what `asked` names, with `text`; fails unless
+    /// the reply is the one `asked` expects.
+    async fn call(&self, id: u64, asked: Asked, text: &str) -> Result<()> {
         let what = Path::new("echo over HTTP");
+        let tool = asked.tool();
         let body = json!({
             "jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {
-                "name": "echo", "arguments": { "text": text },
+                "name": tool, "arguments": { "text": text },
                 "_meta": {
                     "io.modelcontextprotocol/protocolVersion": "2026-07-28",
                     "io.modelcontextprotocol/clientCapabilities": {},
@@ -173,7 +180,7 @@ impl Client {
             .header("content-type", "application/json")
             .header("mcp-protocol-version", "2026-07-28")
             .header("mcp-method", "tools/call")
-            .header("mcp-name", "echo")
+            .header("mcp-name", tool)
             .body(Full::new(Bytes::from(body.to_string())))
             .expect("a valid request");
         let response = match &self.connection {
@@ -188,12 +195,32 @@ impl Client {
                 send.send_request(request).await
             }
         };
-        check_echo(response, text).await
+        check_reply(response, asked, text).await
     }
 }
 
-async fn check_echo(
+/// What a call asks for.
+#[derive(Clone, Copy)]
+enum Asked {
+    /// `echo`, which returns the call's text.
+    Echo,
+    /// A tool the server does not have, which keel answers without a
+    /// sandbox: an error result that names it.
+    NoTool,
+}
+
+impl Asked {
+    fn tool(self) -> &'static str {
+        match self {
+            Asked::Echo => "echo",
+            Asked::NoTool => "no-such-tool",
+        }
+    }
+}
+
+async fn check_reply(
     response: std::result::Result<hyper::Response<hyper::body::Incoming>, hyper::Error>,
+    asked: Asked,
     text: &str,
 ) -> Result<()> {
     let what = Path::new("echo over HTTP");
@@ -202,9 +229,20 @@ async fn check_echo(
     let body = response.into_body().collect().await.map_err(|error| failed(what, error))?.to_bytes();
     let body = String::from_utf8_lossy(&body);
     let message = message(&body);
-    let echoed = message.as_ref().and_then(|message| message["result"]["content"][0]["text"].as_str());
-    if !status.is_success() || echoed != Some(text) {
-        return Err(failed(what, format!("{status}, expected {text:?}: {body}")));
+    let result = message.as_ref().map(|message| &message["result"]);
+    let said = result.and_then(|result| result["content"][0]["text"].as_str());
+    let answered = match asked {
+        Asked::Echo => said == Some(text),
+        Asked::NoTool => {
+            result.is_some_and(|result| result["isError"] == true)
+                && said.is_some_and(|said| said.contains(asked.tool()))
+        }
+    };
+    if !status.is_success() || !answered {
+        return Err(failed(
+            what,
+            format!("{status}, expected the reply to {} of {text:?}: {body}", asked.tool()),
+        ));
     }
     Ok(())
 }
@@ -221,20 +259,22 @@ fn message(body: &str) -> Option<Value> {
     serde_json::from_str(data.trim()).ok()
 }
 
-/// `calls` echoes, one after another, each timed in µs.
-async fn latencies(client: &Client, calls: usize) -> Result<Vec<f64>> {
+/// `calls` calls of what `asked` names, one after another, each timed in
+/// µs.
+async fn latencies(client: &Client, calls: usize, asked: Asked) -> Result<Vec<f64>> {
     let mut samples = Vec::with_capacity(calls);
     for id in 0..calls {
         let started = Instant::now();
-        client.echo(id as u64, "hello").await?;
+        client.call(id as u64, asked, "hello").await?;
         samples.push(started.elapsed().as_secs_f64() * 1e6);
     }
     Ok(samples)
 }
 
 /// `clients` clients, each with its own connection to one of `addrs` in
-/// turn, making `calls` echoes in all: calls per second.
-async fn throughput(addrs: &[SocketAddr], clients: usize, calls: usize) -> Result<f64> {
+/// turn, making `calls` calls of what `asked` names in all: calls per
+/// second.
+async fn throughput(addrs: &[SocketAddr], clients: usize, calls: usize, asked: Asked) -> Result<f64> {
     let mut connected = Vec::new();
     for i in 0..clients {
         connected.push(Client::connect(addrs[i % addrs.len()], false).await?);
@@ -248,7 +288,7 @@ async fn throughput(addrs: &[SocketAddr], clients: usize, calls: usize) -> Resul
             tokio::spawn(async move {
                 for call in 0..per_client {
                     let text = format!("c{i}-{call}");
-                    client.echo(call as u64, &text).await?;
+                    client.call(call as u64, asked, &text).await?;
                 }
                 Ok::<_, Error>(())
             })
@@ -297,7 +337,8 @@ fn percentile(mut samples: Vec<f64>, p: f64) -> f64 {
 }
 
 /// The HTTP figures: round trip p50 and p99, calls per second with 1, 10
-/// and 100 clients, two replicas against one, and the burst.
+/// and 100 clients, the p50 and calls per second of a call keel answers
+/// without a sandbox, two replicas against one, and the burst.
 pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) -> Result<()> {
     let workspace = tempdir()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -311,12 +352,12 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
         let native = native_server(options).await?;
         let (keel_client, native_client) =
             (Client::connect(keel.addr, false).await?, Client::connect(native.addr, false).await?);
-        latencies(&keel_client, warm_up).await?;
-        latencies(&native_client, warm_up).await?;
+        latencies(&keel_client, warm_up, Asked::Echo).await?;
+        latencies(&native_client, warm_up, Asked::Echo).await?;
         let (mut keel_samples, mut native_samples) = (Vec::new(), Vec::new());
         for _ in 0..options.scale(5, 1) {
-            native_samples.extend(latencies(&native_client, calls / 5).await?);
-            keel_samples.extend(latencies(&keel_client, calls / 5).await?);
+            native_samples.extend(latencies(&native_client, calls / 5, Asked::Echo).await?);
+            keel_samples.extend(latencies(&keel_client, calls / 5, Asked::Echo).await?);
         }
         let name = "(keel serve --http / native rmcp echo)";
         report(
@@ -336,8 +377,8 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
         ));
         for clients in [1, 10, 100] {
             let total = options.scale(3_000, 300).max(clients * 3);
-            let keel_rate = throughput(&[keel.addr], clients, total).await?;
-            let native_rate = throughput(&[native.addr], clients, total).await?;
+            let keel_rate = throughput(&[keel.addr], clients, total, Asked::Echo).await?;
+            let native_rate = throughput(&[native.addr], clients, total, Asked::Echo).await?;
             report(
                 Figure::new(
                     &format!("mcp_http_calls_per_s_{clients}_clients {name}"),
@@ -348,10 +389,31 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
                 .at_least(0.7),
             );
         }
+        // What serving costs keel without a sandbox: a call of a tool it
+        // does not have is answered by the same path up to the tool's
+        // lookup, and makes no sandbox.
+        let alone = "(keel serve --http answering a call of no tool / native rmcp echo)";
+        latencies(&keel_client, warm_up, Asked::NoTool).await?;
+        let (mut keel_samples, mut native_samples) = (Vec::new(), Vec::new());
+        for _ in 0..options.scale(5, 1) {
+            native_samples.extend(latencies(&native_client, calls / 5, Asked::Echo).await?);
+            keel_samples.extend(latencies(&keel_client, calls / 5, Asked::NoTool).await?);
+        }
+        let (keel_p50, native_p50) = (median(keel_samples), median(native_samples));
+        report(Figure::new(&format!("mcp_http_p50_no_sandbox {alone}"), keel_p50, native_p50, "µs"));
+        let total = options.scale(3_000, 300);
+        let keel_rate = throughput(&[keel.addr], 10, total, Asked::NoTool).await?;
+        let native_rate = throughput(&[native.addr], 10, total, Asked::Echo).await?;
+        report(Figure::new(
+            &format!("mcp_http_calls_per_s_10_clients_no_sandbox {alone}"),
+            keel_rate,
+            native_rate,
+            "calls/s",
+        ));
         let second = keel_server(options, &options.tools, workspace.path()).await?;
         let total = options.scale(3_000, 300);
-        let one = throughput(&[keel.addr], 10, total).await?;
-        let two = throughput(&[keel.addr, second.addr], 10, total).await?;
+        let one = throughput(&[keel.addr], 10, total, Asked::Echo).await?;
+        let two = throughput(&[keel.addr, second.addr], 10, total, Asked::Echo).await?;
         drop(second);
         report(Figure::new(
             "mcp_http_two_replicas (10 clients: two keel serve replicas / one)",
@@ -420,9 +482,9 @@ fn memory(
             "MiB",
         ));
         let (first, total) = (options.scale(1_000, 200), options.scale(10_000, 2_000));
-        throughput(&[keel.addr], 10, first).await?;
+        throughput(&[keel.addr], 10, first, Asked::Echo).await?;
         let after_first = resident_kib(&keel.pid().to_string())?;
-        throughput(&[keel.addr], 10, total - first).await?;
+        throughput(&[keel.addr], 10, total - first, Asked::Echo).await?;
         let after_all = resident_kib(&keel.pid().to_string())?;
         report(
             Figure::new(
