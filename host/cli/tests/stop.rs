@@ -5,7 +5,7 @@
 
 use std::io::{BufRead as _, BufReader, Write as _};
 use std::path::Path;
-use std::process::Stdio;
+use std::process::{Child, ChildStdin, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -66,17 +66,16 @@ fn sigterm_stops_the_http_server_with_its_trace_written_and_its_spans_sent() {
     );
 }
 
-#[test]
-fn sigint_stops_the_stdio_server_while_its_client_keeps_stdin_open() {
-    let workspace = tempfile::tempdir().unwrap();
-    let trace = workspace.path().join("serve.trace.json");
-    let mut child =
-        support::command(workspace.path(), &[bundled("echo")], &["--trace", trace.to_str().unwrap()])
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
+/// A stdio `keel serve` of `echo` keeping its calls in `trace`, whose
+/// stderr is `stderr`, after one call it answered: the child, and its stdin,
+/// still open.
+fn stdio_server_after_one_call(workspace: &Path, trace: &Path, stderr: Stdio) -> (Child, ChildStdin) {
+    let mut child = support::command(workspace, &[bundled("echo")], &["--trace", trace.to_str().unwrap()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .unwrap();
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
     let messages = [
@@ -99,6 +98,14 @@ fn sigint_stops_the_stdio_server_while_its_client_keeps_stdin_open() {
         }
     };
     assert_eq!(reply["result"]["content"][0]["text"], "hello", "{reply}");
+    (child, stdin)
+}
+
+#[test]
+fn sigint_stops_the_stdio_server_while_its_client_keeps_stdin_open() {
+    let workspace = tempfile::tempdir().unwrap();
+    let trace = workspace.path().join("serve.trace.json");
+    let (mut child, stdin) = stdio_server_after_one_call(workspace.path(), &trace, Stdio::piped());
 
     // The client is still there: stdin stays open while the server stops.
     signal_child(&child, "INT");
@@ -107,6 +114,22 @@ fn sigint_stops_the_stdio_server_while_its_client_keeps_stdin_open() {
     std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
     assert!(status.success(), "{status}: {stderr}");
     assert!(stderr.contains("keel: stopping on SIGINT"), "{stderr}");
+    assert_eq!(traced_calls(&trace), [("echo".to_string(), "mcp-0".to_string())]);
+    drop(stdin);
+}
+
+#[test]
+fn a_server_whose_stderr_is_gone_still_stops_cleanly() {
+    let workspace = tempfile::tempdir().unwrap();
+    let trace = workspace.path().join("serve.trace.json");
+    let (mut child, stdin) = stdio_server_after_one_call(workspace.path(), &trace, Stdio::piped());
+    // Whoever read its stderr went away: what it says there cannot be
+    // written, and it must not stop it.
+    drop(child.stderr.take());
+
+    signal_child(&child, "TERM");
+    let status = exit_within(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "{status}");
     assert_eq!(traced_calls(&trace), [("echo".to_string(), "mcp-0".to_string())]);
     drop(stdin);
 }

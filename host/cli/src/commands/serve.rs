@@ -69,6 +69,14 @@ pub struct ServeArgs {
     metrics: metrics::MetricsArgs,
 }
 
+/// Tell whoever started the server `line` on stderr. A server whose stderr
+/// is gone (the pipe's reader closed it) goes on as before: the line is
+/// lost, where `eprintln!` would panic.
+fn say(line: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
+}
+
 /// Build the host from the flags and `keel.toml`, then answer MCP requests
 /// on stdin and stdout until the client closes stdin, or over HTTP; either
 /// until `SIGINT` or `SIGTERM` ([`stop`]).

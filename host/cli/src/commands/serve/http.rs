@@ -148,7 +148,7 @@ pub async fn serve(
     let bound = listener.local_addr()?;
     tracing::info!("serving MCP on http://{bound}{MCP_PATH}");
     // The address actually bound, for whoever started us with port 0.
-    eprintln!("keel: serving MCP on http://{bound}{MCP_PATH}");
+    super::say(format_args!("keel: serving MCP on http://{bound}{MCP_PATH}"));
     let idle = Duration::from_secs(args.idle_timeout_secs.max(1));
     loop {
         let (stream, peer) = accept(&listener, "a connection").await;
@@ -336,7 +336,7 @@ pub async fn serve_metrics(endpoint: Endpoint, addr: SocketAddr, hosts: Arc<[Str
     let bound = listener.local_addr()?;
     tracing::info!("serving metrics on http://{bound}{METRICS_PATH}");
     // The address actually bound, for whoever started us with port 0.
-    eprintln!("keel: serving metrics on http://{bound}{METRICS_PATH}");
+    super::say(format_args!("keel: serving metrics on http://{bound}{METRICS_PATH}"));
     tokio::spawn(async move {
         loop {
             let (stream, peer) = accept(&listener, "a metrics connection").await;

@@ -63,7 +63,7 @@ impl Stop {
             served = serving => served,
             signal = self.received() => {
                 tracing::info!("stopping on {signal}");
-                eprintln!("keel: stopping on {signal}");
+                super::say(format_args!("keel: stopping on {signal}"));
                 Ok(())
             }
         }
