@@ -133,3 +133,89 @@ fn a_server_whose_stderr_is_gone_still_stops_cleanly() {
     assert_eq!(traced_calls(&trace), [("echo".to_string(), "mcp-0".to_string())]);
     drop(stdin);
 }
+
+/// Wait until the server at `addr` runs a call: its `/metrics` count one
+/// in flight.
+fn wait_until_running(addr: std::net::SocketAddr) {
+    let started = std::time::Instant::now();
+    while !support::http::request(addr, "GET", "/metrics", &[], "").body.contains("keel_calls_in_flight 1") {
+        assert!(started.elapsed() < Duration::from_secs(30), "the call did not start");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[test]
+fn sigterm_answers_the_http_call_in_flight_before_the_server_exits() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut serving = support::serve(workspace.path(), &[bundled("sleep")]);
+    let addr = serving.addr;
+    let call = std::thread::spawn(move || stateless_call(addr, &[], "sleep", &json!({ "ms": 60000 })));
+    wait_until_running(addr);
+
+    serving.signal("TERM");
+    let reply = call.join().expect("the call in flight is answered");
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    let result = &reply.message()["result"];
+    assert_eq!(result["isError"], true, "{result}");
+    assert_eq!(
+        result["content"][0]["text"], "Interrupted: the call was stopped before it finished.",
+        "{result}"
+    );
+    let status = serving.exit_within(Duration::from_secs(30));
+    let stderr = serving.stderr();
+    assert!(status.success(), "{status}: {stderr}");
+    assert!(stderr.contains("keel: stopping on SIGTERM"), "{stderr}");
+}
+
+#[test]
+fn sigint_answers_the_stdio_call_in_flight_before_the_server_exits() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut child = support::command(workspace.path(), &[bundled("sleep")], &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    // A call of a minute, reporting progress every 50 ms: the first report
+    // says it runs.
+    let messages = [
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {},
+            "clientInfo": { "name": "test", "version": "1" } } }),
+        json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }),
+        json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+            "name": "sleep", "arguments": { "ms": 60000, "steps": 1200 },
+            "_meta": { "progressToken": "p" } } }),
+    ];
+    for message in messages {
+        writeln!(stdin, "{message}").unwrap();
+    }
+    stdin.flush().unwrap();
+    loop {
+        let line = stdout.next().expect("a progress report before stdout closes").unwrap();
+        let message: Value = serde_json::from_str(&line).unwrap();
+        if message["method"] == "notifications/progress" {
+            break;
+        }
+    }
+
+    signal_child(&child, "INT");
+    let reply = loop {
+        let line = stdout.next().expect("a reply to the call before stdout closes").unwrap();
+        let message: Value = serde_json::from_str(&line).unwrap();
+        if message["id"] == 2 {
+            break message;
+        }
+    };
+    let result = &reply["result"];
+    assert_eq!(result["isError"], true, "{reply}");
+    assert_eq!(
+        result["content"][0]["text"], "Interrupted: the call was stopped before it finished.",
+        "{reply}"
+    );
+    let status = exit_within(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+    drop(stdin);
+}

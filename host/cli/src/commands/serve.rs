@@ -73,7 +73,6 @@ pub struct ServeArgs {
 /// is gone (the pipe's reader closed it) goes on as before: the line is
 /// lost, where `eprintln!` would panic.
 fn say(line: std::fmt::Arguments<'_>) {
-    use std::io::Write as _;
     let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
 
@@ -84,7 +83,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     // From the start: a signal while the plugins load, or before a client
     // sends `initialize`, stops the server too.
-    let served = runtime.block_on(async { stop::Stop::listen()?.or(serve(args)).await });
+    let stopping = CancellationToken::new();
+    let served =
+        runtime.block_on(async { stop::Stop::listen()?.or(stopping.clone(), serve(args, stopping)).await });
     // The tasks still running are dropped now, and with the last of them the
     // trace file, which writes what it holds. A blocking read of stdin
     // cannot be cancelled: it is not waited for past the grace.
@@ -92,8 +93,9 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     served
 }
 
-/// Serve as [`run`] says, on the runtime.
-async fn serve(args: &ServeArgs) -> Result<()> {
+/// Serve as [`run`] says, on the runtime, until `stopping` is cancelled;
+/// then end once every request in flight is answered ([`stop`]).
+async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
     let (config, _) = Config::discover(args.host.config.as_deref(), &std::env::current_dir()?)?;
     // Calls that need approval ask the user of the client that made them.
     let prompter = approval::ClientPrompter::default();
@@ -136,7 +138,7 @@ async fn serve(args: &ServeArgs) -> Result<()> {
         Some(path) => Some(Arc::new(super::run::trace::TraceFile::create(path)?)),
         None => None,
     };
-    let server = Server { trace, ..Server::new(host, events, asker, metrics.clone()) };
+    let server = Server { trace, stopping, ..Server::new(host, events, asker, metrics.clone()) };
     let watched = server.clone();
     tokio::spawn(reload::watch(
         plugins,
@@ -163,8 +165,22 @@ async fn serve(args: &ServeArgs) -> Result<()> {
     let rw = AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(oversized::MAX_MESSAGE_BYTES);
     let transport = Arrivals::new(rw, server.live.clone());
     tracing::info!("serving {} tools over MCP on stdio", server.live.current().tools.len());
+    let stopping = server.stopping.clone();
     let service = server.serve(transport).await.context("failed to start the MCP session")?;
-    service.waiting().await.context("the MCP session failed")?;
+    let session = service.cancellation_token();
+    let waiting = service.waiting();
+    tokio::pin!(waiting);
+    tokio::select! {
+        ended = &mut waiting => {
+            ended.context("the MCP session failed")?;
+            return Ok(());
+        }
+        () = stopping.cancelled() => {}
+    }
+    // The calls in flight were interrupted: rmcp sends the replies their
+    // handlers give before it closes the session.
+    session.cancel();
+    waiting.await.context("the MCP session failed")?;
     Ok(())
 }
 
@@ -259,6 +275,9 @@ struct Server {
     /// The least level of tool log lines this client asked to be sent
     /// (`logging/setLevel`); none are sent until it asks.
     log_level: Arc<Mutex<Option<LogLevel>>>,
+    /// Cancelled when the server stops: every call still to start or
+    /// running is interrupted, so that its request is answered.
+    stopping: CancellationToken,
 }
 
 impl Server {
@@ -276,6 +295,7 @@ impl Server {
             trace: None,
             prompter,
             log_level: Arc::default(),
+            stopping: CancellationToken::new(),
         }
     }
 
@@ -319,7 +339,7 @@ impl Server {
         log: Option<(Arc<forward::LogLines>, LogLevel)>,
     ) -> ToolResult {
         let interrupt = Interrupt::new();
-        if cancelled.is_cancelled() {
+        if cancelled.is_cancelled() || self.stopping.is_cancelled() {
             interrupt.interrupt();
         }
         // Every event goes to an events file; a client with a progress token
@@ -364,9 +384,13 @@ impl Server {
                 interrupt.interrupt();
                 run.await
             }
+            () = self.stopping.cancelled() => {
+                interrupt.interrupt();
+                run.await
+            }
         };
         if let Some(meter) = meter {
-            meter.finish(&result, cancelled.is_cancelled());
+            meter.finish(&result, cancelled.is_cancelled() || self.stopping.is_cancelled());
         }
         if let Some(progress) = progress {
             progress.finish().await;

@@ -122,6 +122,7 @@ pub async fn serve(
     let hosts = allowed_hosts(&args.allow_hosts);
     let metrics = metrics.map(|endpoint| (endpoint, Arc::<[String]>::from(hosts.clone())));
     let cancel = CancellationToken::new();
+    let stopping = server.stopping.clone();
     // Pages served from this machine may call; a page of any other origin
     // (a rebinding attack's) only when listed.
     let mut origins: Vec<String> =
@@ -150,8 +151,14 @@ pub async fn serve(
     // The address actually bound, for whoever started us with port 0.
     super::say(format_args!("keel: serving MCP on http://{bound}{MCP_PATH}"));
     let idle = Duration::from_secs(args.idle_timeout_secs.max(1));
+    let mut connections = tokio::task::JoinSet::new();
     loop {
-        let (stream, peer) = accept(&listener, "a connection").await;
+        let (stream, peer) = tokio::select! {
+            accepted = accept(&listener, "a connection") => accepted,
+            // Finished connections are let go of as they end.
+            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
+            () = stopping.cancelled() => break,
+        };
         // A reply goes out in more than one write (its head, then its
         // events); with Nagle's algorithm on, a write waits for the client's
         // delayed ACK of the one before, 40 ms on Linux.
@@ -159,7 +166,8 @@ pub async fn serve(
             tracing::debug!(%peer, "failed to set TCP_NODELAY: {error}");
         }
         let (mcp, token, metrics) = (mcp.clone(), token.clone(), metrics.clone());
-        tokio::spawn(async move {
+        let stopping = stopping.clone();
+        connections.spawn(async move {
             let activity = Activity::new();
             let watched = Watched { inner: stream, activity: activity.clone() };
             let in_service = activity.clone();
@@ -176,16 +184,30 @@ pub async fn serve(
             builder.http1().timer(TokioTimer::new()).header_read_timeout(idle);
             builder.http2().timer(TokioTimer::new()).keep_alive_interval(idle / 2).keep_alive_timeout(idle);
             let connection = builder.serve_connection(TokioIo::new(watched), service);
-            tokio::select! {
-                outcome = connection => {
-                    if let Err(error) = outcome {
-                        tracing::debug!(%peer, "connection ended: {error}");
-                    }
+            tokio::pin!(connection);
+            let outcome = tokio::select! {
+                outcome = connection.as_mut() => outcome,
+                () = activity.idle_for(idle) => {
+                    tracing::debug!(%peer, "connection idle for {idle:?}: cut off");
+                    return;
                 }
-                () = activity.idle_for(idle) => tracing::debug!(%peer, "connection idle for {idle:?}: cut off"),
+                // Stopping: the requests it has are answered, then it closes
+                // (HTTP/2 sends GOAWAY; HTTP/1.1 takes no next request).
+                () = stopping.cancelled() => {
+                    connection.as_mut().graceful_shutdown();
+                    connection.await
+                }
+            };
+            if let Err(error) = outcome {
+                tracing::debug!(%peer, "connection ended: {error}");
             }
         });
     }
+    // No connection is taken from here on; those open end as their requests
+    // are answered.
+    drop(listener);
+    while connections.join_next().await.is_some() {}
+    Ok(())
 }
 
 /// The next connection `listener` accepts. One failed accept (a client
