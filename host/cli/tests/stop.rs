@@ -3,9 +3,9 @@
 //! served, and the spans still waiting for the OTLP exporter (which sends
 //! them in batches, every few seconds) reach the collector before it exits.
 
-use std::io::{BufRead as _, BufReader, Write as _};
+use std::io::{BufRead as _, BufReader, Lines, Write as _};
 use std::path::Path;
-use std::process::{Child, ChildStdin, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Stdio};
 use std::time::Duration;
 
 use serde_json::{Value, json};
@@ -66,37 +66,63 @@ fn sigterm_stops_the_http_server_with_its_trace_written_and_its_spans_sent() {
     );
 }
 
-/// A stdio `keel serve` of `echo` keeping its calls in `trace`, whose
-/// stderr is `stderr`, after one call it answered: the child, and its stdin,
-/// still open.
-fn stdio_server_after_one_call(workspace: &Path, trace: &Path, stderr: Stdio) -> (Child, ChildStdin) {
-    let mut child = support::command(workspace, &[bundled("echo")], &["--trace", trace.to_str().unwrap()])
+/// A stdio `keel serve` of `plugin` with `flags`, whose stderr is `stderr`,
+/// once a client initialized its session: the child, its stdin (open) and
+/// the lines of its stdout.
+fn stdio_session(
+    workspace: &Path,
+    plugin: &str,
+    flags: &[&str],
+    stderr: Stdio,
+) -> (Child, ChildStdin, Lines<BufReader<ChildStdout>>) {
+    let mut child = support::command(workspace, &[bundled(plugin)], flags)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(stderr)
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    let messages = [
-        json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": { "name": "test", "version": "1" } } }),
-        json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }),
-        json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
-            "params": { "name": "echo", "arguments": { "text": "hello" } } }),
-    ];
-    for message in messages {
-        writeln!(stdin, "{message}").unwrap();
-    }
+    let stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    send(
+        &mut stdin,
+        &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": { "name": "test", "version": "1" } } }),
+    );
+    send(&mut stdin, &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
+    (child, stdin, stdout)
+}
+
+/// Write `message` as one line to the server.
+fn send(stdin: &mut ChildStdin, message: &Value) {
+    writeln!(stdin, "{message}").unwrap();
     stdin.flush().unwrap();
-    let reply = loop {
-        let line = stdout.next().expect("a reply to the call before stdout closes").unwrap();
+}
+
+/// The first message the server writes that `wanted` picks; `what` says
+/// what it is, should stdout close first.
+fn first(stdout: &mut Lines<BufReader<ChildStdout>>, what: &str, wanted: impl Fn(&Value) -> bool) -> Value {
+    loop {
+        let line = stdout.next().unwrap_or_else(|| panic!("{what} before stdout closes")).unwrap();
         let message: Value = serde_json::from_str(&line).unwrap();
-        if message["id"] == 2 {
-            break message;
+        if wanted(&message) {
+            return message;
         }
-    };
+    }
+}
+
+/// A stdio `keel serve` of `echo` keeping its calls in `trace`, whose
+/// stderr is `stderr`, after one call it answered: the child, and its stdin,
+/// still open.
+fn stdio_server_after_one_call(workspace: &Path, trace: &Path, stderr: Stdio) -> (Child, ChildStdin) {
+    let (child, mut stdin, mut stdout) =
+        stdio_session(workspace, "echo", &["--trace", trace.to_str().unwrap()], stderr);
+    send(
+        &mut stdin,
+        &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+        "params": { "name": "echo", "arguments": { "text": "hello" } } }),
+    );
+    let reply = first(&mut stdout, "a reply to the call", |message| message["id"] == 2);
     assert_eq!(reply["result"]["content"][0]["text"], "hello", "{reply}");
     (child, stdin)
 }
@@ -170,45 +196,19 @@ fn sigterm_answers_the_http_call_in_flight_before_the_server_exits() {
 #[test]
 fn sigint_answers_the_stdio_call_in_flight_before_the_server_exits() {
     let workspace = tempfile::tempdir().unwrap();
-    let mut child = support::command(workspace.path(), &[bundled("sleep")], &[])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    let (mut child, mut stdin, mut stdout) = stdio_session(workspace.path(), "sleep", &[], Stdio::piped());
     // A call of a minute, reporting progress every 50 ms: the first report
     // says it runs.
-    let messages = [
-        json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-            "protocolVersion": "2025-06-18", "capabilities": {},
-            "clientInfo": { "name": "test", "version": "1" } } }),
-        json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }),
-        json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-            "name": "sleep", "arguments": { "ms": 60000, "steps": 1200 },
-            "_meta": { "progressToken": "p" } } }),
-    ];
-    for message in messages {
-        writeln!(stdin, "{message}").unwrap();
-    }
-    stdin.flush().unwrap();
-    loop {
-        let line = stdout.next().expect("a progress report before stdout closes").unwrap();
-        let message: Value = serde_json::from_str(&line).unwrap();
-        if message["method"] == "notifications/progress" {
-            break;
-        }
-    }
+    send(
+        &mut stdin,
+        &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "sleep", "arguments": { "ms": 60000, "steps": 1200 },
+        "_meta": { "progressToken": "p" } } }),
+    );
+    first(&mut stdout, "a progress report", |message| message["method"] == "notifications/progress");
 
     signal_child(&child, "INT");
-    let reply = loop {
-        let line = stdout.next().expect("a reply to the call before stdout closes").unwrap();
-        let message: Value = serde_json::from_str(&line).unwrap();
-        if message["id"] == 2 {
-            break message;
-        }
-    };
+    let reply = first(&mut stdout, "a reply to the call", |message| message["id"] == 2);
     let result = &reply["result"];
     assert_eq!(result["isError"], true, "{reply}");
     assert_eq!(
