@@ -219,3 +219,37 @@ fn sigint_answers_the_stdio_call_in_flight_before_the_server_exits() {
     assert!(status.success(), "{status}");
     drop(stdin);
 }
+
+/// Wait until process `pid` has a handler for `SIGTERM`: its
+/// `/proc/<pid>/status` counts the signal among those it catches.
+fn wait_for_sigterm_handler(pid: u32) {
+    let started = std::time::Instant::now();
+    loop {
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        let caught = status.lines().find_map(|line| line.strip_prefix("SigCgt:")).unwrap();
+        if u64::from_str_radix(caught.trim(), 16).unwrap() & (1 << (15 - 1)) != 0 {
+            return;
+        }
+        assert!(started.elapsed() < Duration::from_secs(30), "keel never caught SIGTERM");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn a_server_stopped_before_its_session_began_exits_at_once() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut child = support::command(workspace.path(), &[bundled("echo")], &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // Its client never sends `initialize`: there is nothing to answer, so
+    // there is no drain to wait for (it lasts up to 10 s).
+    wait_for_sigterm_handler(child.id());
+    let signalled = std::time::Instant::now();
+    signal_child(&child, "TERM");
+    let status = exit_within(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+    assert!(signalled.elapsed() < Duration::from_secs(5), "it took {:?}", signalled.elapsed());
+}

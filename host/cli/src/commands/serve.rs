@@ -124,12 +124,18 @@ async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
     // asked to serve them.
     let metrics = (args.http.http.is_some() || args.metrics.metrics_addr.is_some())
         .then(|| Arc::new(metrics::Metrics::new()));
-    let mut plugins = reload::Plugins::load(args.host.plugin_paths()?, runtime, grants, limits).await?;
+    // Until it serves, a stop ends it at once: there is nothing to answer.
+    let loading = reload::Plugins::load(args.host.plugin_paths()?, runtime, grants, limits);
+    let Some(plugins) = stopping.run_until_cancelled(loading).await else { return Ok(()) };
+    let mut plugins = plugins?;
     if let Some(metrics) = &metrics {
         metrics.plugins_loaded(plugins.tools().len());
         plugins.count_in(metrics.clone());
     }
-    let host = first.plugin_tools(plugins.tools()).build().await?;
+    let Some(host) = stopping.run_until_cancelled(first.plugin_tools(plugins.tools()).build()).await else {
+        return Ok(());
+    };
+    let host = host?;
     let events = match &args.events {
         Some(path) => Some(EventLog::create(path)?),
         None => None,
@@ -166,7 +172,10 @@ async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
     let transport = Arrivals::new(rw, server.live.clone());
     tracing::info!("serving {} tools over MCP on stdio", server.live.current().tools.len());
     let stopping = server.stopping.clone();
-    let service = server.serve(transport).await.context("failed to start the MCP session")?;
+    let Some(service) = stopping.run_until_cancelled(server.serve(transport)).await else {
+        return Ok(());
+    };
+    let service = service.context("failed to start the MCP session")?;
     let session = service.cancellation_token();
     let waiting = service.waiting();
     tokio::pin!(waiting);
