@@ -273,3 +273,54 @@ fn a_stateless_client_is_asked_for_approval_by_an_input_required_result() {
     let text = plain["result"]["content"][0]["text"].as_str().unwrap();
     assert!(text.starts_with("write_file requires approval, and no one can be asked in this run"), "{text}");
 }
+
+#[test]
+fn an_http2_client_runs_calls_at_once_on_one_connection() {
+    use http_body_util::{BodyExt as _, Full};
+    let workspace = tempfile::tempdir().unwrap();
+    let server = support::serve_with(workspace.path(), &[bundled("sleep")], &[]);
+    let addr = server.addr;
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let started = std::time::Instant::now();
+    let replies: Vec<Value> = runtime.block_on(async move {
+        // HTTP/2 with prior knowledge, as a proxy in front of a server speaks it.
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (send, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        let calls = (0..4).map(|id| {
+            let mut send = send.clone();
+            async move {
+                let body = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
+                    "name": "sleep", "arguments": { "ms": 500 },
+                    "_meta": {
+                        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                        "io.modelcontextprotocol/clientCapabilities": {},
+                        "io.modelcontextprotocol/clientInfo": { "name": "test", "version": "1" } } } });
+                let request = hyper::Request::post(format!("http://{addr}/mcp"))
+                    .header("accept", "application/json, text/event-stream")
+                    .header("content-type", "application/json")
+                    .header("mcp-protocol-version", "2026-07-28")
+                    .header("mcp-method", "tools/call")
+                    .header("mcp-name", "sleep")
+                    .body(Full::new(bytes::Bytes::from(body.to_string())))
+                    .unwrap();
+                let response = send.send_request(request).await.unwrap();
+                assert_eq!(response.status(), 200);
+                let body = response.into_body().collect().await.unwrap().to_bytes();
+                serde_json::from_slice::<Value>(&body).unwrap()
+            }
+        });
+        futures::future::join_all(calls).await
+    });
+    for (id, reply) in replies.iter().enumerate() {
+        assert_eq!(reply["id"], id, "{reply}");
+        assert_eq!(reply["result"]["content"][0]["text"], "Slept 500 ms", "{reply}");
+    }
+    // Four sleeps of half a second each, run one after another, would take two.
+    assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
+}

@@ -150,64 +150,205 @@ pub async fn serve(
     tracing::info!("serving MCP on http://{bound}{MCP_PATH}");
     // The address actually bound, for whoever started us with port 0.
     super::say(format_args!("keel: serving MCP on http://{bound}{MCP_PATH}"));
-    let idle = Duration::from_secs(args.idle_timeout_secs.max(1));
-    let mut connections = tokio::task::JoinSet::new();
-    loop {
+    let connection =
+        Connections { mcp, token, metrics, idle: Duration::from_secs(args.idle_timeout_secs.max(1)) };
+    // One runtime per core, each on a thread of its own, and the
+    // connections dealt to them in turn: an HTTP/1.1 connection's requests,
+    // their calls and their sandboxes then stay on one core, where a runtime
+    // shared by every core hands each request from worker to worker and
+    // each hand-over misses the caches the request warmed. Such a connection
+    // carries one request at a time, so it loses no parallelism; an HTTP/2
+    // one carries many at once, and is handed back to the shared runtime,
+    // whose workers share its calls.
+    let shared = tokio::runtime::Handle::current();
+    let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
+    let (mut dealt, mut ended) = (Vec::with_capacity(cores), Vec::with_capacity(cores));
+    for core in 0..cores {
+        let (deal, connections) = tokio::sync::mpsc::unbounded_channel();
+        let (connection, stopping, shared) = (connection.clone(), stopping.clone(), shared.clone());
+        let (done, end) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new().name(format!("keel-http-{core}")).spawn(move || {
+            let served = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(anyhow::Error::from)
+                .map(|runtime| runtime.block_on(connection.serve_dealt(connections, stopping, shared)));
+            let _ = done.send(served);
+        })?;
+        dealt.push(deal);
+        ended.push(end);
+    }
+    for turn in 0.. {
         let (stream, peer) = tokio::select! {
             accepted = accept(&listener, "a connection") => accepted,
-            // Finished connections are let go of as they end.
-            Some(_) = connections.join_next(), if !connections.is_empty() => continue,
             () = stopping.cancelled() => break,
         };
+        match stream.into_std() {
+            Ok(stream) => {
+                let _ = dealt[turn % cores].send((stream, peer));
+            }
+            Err(error) => tracing::debug!(%peer, "failed to deal the connection: {error}"),
+        }
+    }
+    // No connection is taken from here on; the runtimes end as their open
+    // connections answer their requests.
+    drop((listener, dealt));
+    for end in ended {
+        end.await.context("a runtime serving connections panicked")??;
+    }
+    Ok(())
+}
+
+/// What every connection is served with.
+#[derive(Clone)]
+struct Connections<S> {
+    mcp: S,
+    token: Option<Arc<[u8]>>,
+    metrics: Option<(Endpoint, Arc<[String]>)>,
+    idle: Duration,
+}
+
+impl<S> Connections<S>
+where
+    S: tower_service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send,
+{
+    /// Serve each connection `connections` deals this thread's runtime in
+    /// a task of its own, until no more come (the server stops taking them);
+    /// then end once each has answered its requests.
+    async fn serve_dealt(
+        self,
+        mut connections: tokio::sync::mpsc::UnboundedReceiver<(std::net::TcpStream, SocketAddr)>,
+        stopping: CancellationToken,
+        shared: tokio::runtime::Handle,
+    ) {
+        let mut serving = tokio::task::JoinSet::new();
+        loop {
+            let (stream, peer) = tokio::select! {
+                dealt = connections.recv() => match dealt {
+                    Some(dealt) => dealt,
+                    None => break,
+                },
+                // Finished connections are let go of as they end.
+                Some(_) = serving.join_next(), if !serving.is_empty() => continue,
+            };
+            match tokio::net::TcpStream::from_std(stream) {
+                Ok(stream) => {
+                    let served =
+                        self.clone().serve_here_or_shared(stream, peer, stopping.clone(), shared.clone());
+                    serving.spawn(served);
+                }
+                Err(error) => tracing::debug!(%peer, "failed to take the connection: {error}"),
+            }
+        }
+        while serving.join_next().await.is_some() {}
+    }
+
+    /// Serve an HTTP/1.1 connection here, and hand an HTTP/2 one (known by
+    /// its preface) to the `shared` runtime, waiting for it to end there.
+    async fn serve_here_or_shared(
+        self,
+        stream: tokio::net::TcpStream,
+        peer: SocketAddr,
+        stopping: CancellationToken,
+        shared: tokio::runtime::Handle,
+    ) {
+        let preface = tokio::select! {
+            preface = tokio::time::timeout(self.idle, is_http2(&stream)) => preface,
+            () = stopping.cancelled() => return,
+        };
+        match preface {
+            Ok(Ok(false)) => self.serve(stream, peer, stopping).await,
+            Ok(Ok(true)) => {
+                let moved = stream.into_std().and_then(|stream| {
+                    let handed = shared.spawn(async move {
+                        match tokio::net::TcpStream::from_std(stream) {
+                            Ok(stream) => self.serve(stream, peer, stopping).await,
+                            Err(error) => {
+                                tracing::debug!(%peer, "failed to hand the connection over: {error}")
+                            }
+                        }
+                    });
+                    Ok(handed)
+                });
+                match moved {
+                    Ok(handed) => {
+                        let _ = handed.await;
+                    }
+                    Err(error) => tracing::debug!(%peer, "failed to hand the connection over: {error}"),
+                }
+            }
+            Ok(Err(error)) => tracing::debug!(%peer, "connection ended: {error}"),
+            Err(_) => tracing::debug!(%peer, "connection idle for {:?}: cut off", self.idle),
+        }
+    }
+
+    /// Serve one connection until it ends, idles past the timeout, or the
+    /// server stops: then its requests are answered, and it closes (HTTP/2
+    /// sends GOAWAY; HTTP/1.1 takes no next request).
+    async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr, stopping: CancellationToken) {
         // A reply goes out in more than one write (its head, then its
         // events); with Nagle's algorithm on, a write waits for the client's
         // delayed ACK of the one before, 40 ms on Linux.
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%peer, "failed to set TCP_NODELAY: {error}");
         }
-        let (mcp, token, metrics) = (mcp.clone(), token.clone(), metrics.clone());
-        let stopping = stopping.clone();
-        connections.spawn(async move {
-            let activity = Activity::new();
-            let watched = Watched { inner: stream, activity: activity.clone() };
-            let in_service = activity.clone();
-            let service = hyper::service::service_fn(move |request| {
-                let (mut mcp, token, activity) = (mcp.clone(), token.clone(), in_service.clone());
-                let metrics = metrics.clone();
-                async move {
-                    let _busy = activity.busy();
-                    let metrics = metrics.as_ref().map(|(endpoint, hosts)| (endpoint, &hosts[..]));
-                    Ok::<_, Infallible>(gate(request, token.as_deref(), metrics, &mut mcp).await)
-                }
-            });
-            let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
-            builder.http1().timer(TokioTimer::new()).header_read_timeout(idle);
-            builder.http2().timer(TokioTimer::new()).keep_alive_interval(idle / 2).keep_alive_timeout(idle);
-            let connection = builder.serve_connection(TokioIo::new(watched), service);
-            tokio::pin!(connection);
-            let outcome = tokio::select! {
-                outcome = connection.as_mut() => outcome,
-                () = activity.idle_for(idle) => {
-                    tracing::debug!(%peer, "connection idle for {idle:?}: cut off");
-                    return;
-                }
-                // Stopping: the requests it has are answered, then it closes
-                // (HTTP/2 sends GOAWAY; HTTP/1.1 takes no next request).
-                () = stopping.cancelled() => {
-                    connection.as_mut().graceful_shutdown();
-                    connection.await
-                }
-            };
-            if let Err(error) = outcome {
-                tracing::debug!(%peer, "connection ended: {error}");
+        let Connections { mcp, token, metrics, idle } = self;
+        let activity = Activity::new();
+        let watched = Watched { inner: stream, activity: activity.clone() };
+        let in_service = activity.clone();
+        let service = hyper::service::service_fn(move |request| {
+            let (mut mcp, token, activity) = (mcp.clone(), token.clone(), in_service.clone());
+            let metrics = metrics.clone();
+            async move {
+                let _busy = activity.busy();
+                let metrics = metrics.as_ref().map(|(endpoint, hosts)| (endpoint, &hosts[..]));
+                Ok::<_, Infallible>(gate(request, token.as_deref(), metrics, &mut mcp).await)
             }
         });
+        let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
+        builder.http1().timer(TokioTimer::new()).header_read_timeout(idle);
+        builder.http2().timer(TokioTimer::new()).keep_alive_interval(idle / 2).keep_alive_timeout(idle);
+        let connection = builder.serve_connection(TokioIo::new(watched), service);
+        tokio::pin!(connection);
+        let outcome = tokio::select! {
+            outcome = connection.as_mut() => outcome,
+            () = activity.idle_for(idle) => {
+                tracing::debug!(%peer, "connection idle for {idle:?}: cut off");
+                return;
+            }
+            () = stopping.cancelled() => {
+                connection.as_mut().graceful_shutdown();
+                connection.await
+            }
+        };
+        if let Err(error) = outcome {
+            tracing::debug!(%peer, "connection ended: {error}");
+        }
     }
-    // No connection is taken from here on; those open end as their requests
-    // are answered.
-    drop(listener);
-    while connections.join_next().await.is_some() {}
-    Ok(())
+}
+
+/// What an HTTP/2 client sends first on a connection without TLS.
+const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
+
+/// Whether the client of `stream` speaks HTTP/2, by the first bytes it sent,
+/// which are left to be read.
+async fn is_http2(stream: &tokio::net::TcpStream) -> std::io::Result<bool> {
+    let mut head = [0; HTTP2_PREFACE.len()];
+    loop {
+        let peeked = stream.peek(&mut head).await?;
+        if peeked == 0 || head[..peeked] != HTTP2_PREFACE[..peeked] {
+            return Ok(false);
+        }
+        if peeked == head.len() {
+            return Ok(true);
+        }
+        // A preface cut short: the rest comes in a moment.
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
 }
 
 /// The next connection `listener` accepts. One failed accept (a client
