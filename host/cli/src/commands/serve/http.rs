@@ -262,8 +262,8 @@ where
         };
         match preface {
             Ok(Ok(false)) => self.serve(stream, peer, stopping).await,
-            Ok(Ok(true)) => {
-                let moved = stream.into_std().and_then(|stream| {
+            Ok(Ok(true)) => match stream.into_std() {
+                Ok(stream) => {
                     let handed = shared.spawn(async move {
                         match tokio::net::TcpStream::from_std(stream) {
                             Ok(stream) => self.serve(stream, peer, stopping).await,
@@ -272,15 +272,10 @@ where
                             }
                         }
                     });
-                    Ok(handed)
-                });
-                match moved {
-                    Ok(handed) => {
-                        let _ = handed.await;
-                    }
-                    Err(error) => tracing::debug!(%peer, "failed to hand the connection over: {error}"),
+                    let _ = handed.await;
                 }
-            }
+                Err(error) => tracing::debug!(%peer, "failed to hand the connection over: {error}"),
+            },
             Ok(Err(error)) => tracing::debug!(%peer, "connection ended: {error}"),
             Err(_) => tracing::debug!(%peer, "connection idle for {:?}: cut off", self.idle),
         }
