@@ -1,5 +1,6 @@
 //! `keel`: run sandboxed agent tools from the command line.
 
+use std::io::Write as _;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -76,7 +77,9 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error:#}");
+            // Unlike `eprintln!`, no panic when stderr is gone: the command
+            // failed, and its status says so all the same.
+            let _ = writeln!(std::io::stderr().lock(), "error: {error:#}");
             ExitCode::FAILURE
         }
     }

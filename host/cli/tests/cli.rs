@@ -57,6 +57,23 @@ fn a_bad_batch_file_fails_naming_the_file_and_block_with_nothing_on_stdout() {
 }
 
 #[test]
+fn a_failing_command_whose_stderr_is_gone_still_exits_with_its_status() {
+    let dir = tempfile::tempdir().unwrap();
+    // A pipe nobody reads: every write to it fails.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let mut child =
+        support::keel(dir.path(), &dir.path().join("cache"), &["run", "--plugins", "missing.wasm", "-"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(writer)
+            .spawn()
+            .unwrap();
+    let status = support::exit_within(&mut child, KEEL_LIMIT);
+    assert_eq!(status.code(), Some(1), "{status}");
+}
+
+#[test]
 fn a_bad_plugin_fails_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("evil.wasm"), b"MZ\x90\x00").unwrap();
