@@ -335,9 +335,9 @@ impl Server {
         Server { log_level: Arc::default(), ..self.clone() }
     }
 
-    /// One call from arrival to result. A cancellation interrupts the call
-    /// whenever it comes: before the call starts (it never starts) or while
-    /// it runs.
+    /// One call from arrival to result. A cancellation, or the server
+    /// stopping, interrupts the call whenever it comes: before the call
+    /// starts (it never starts) or while it runs.
     async fn call(
         &self,
         tool_use: ToolUse,
@@ -347,8 +347,9 @@ impl Server {
         progress: Option<Arc<forward::Forwarder<Value>>>,
         log: Option<(Arc<forward::LogLines>, LogLevel)>,
     ) -> ToolResult {
+        let stopped = || cancelled.is_cancelled() || self.stopping.is_cancelled();
         let interrupt = Interrupt::new();
-        if cancelled.is_cancelled() || self.stopping.is_cancelled() {
+        if stopped() {
             interrupt.interrupt();
         }
         // Every event goes to an events file; a client with a progress token
@@ -389,17 +390,18 @@ impl Server {
         let result = tokio::select! {
             biased;
             result = &mut run => result,
-            () = cancelled.cancelled() => {
-                interrupt.interrupt();
-                run.await
-            }
-            () = self.stopping.cancelled() => {
+            () = async {
+                tokio::select! {
+                    () = cancelled.cancelled() => {}
+                    () = self.stopping.cancelled() => {}
+                }
+            } => {
                 interrupt.interrupt();
                 run.await
             }
         };
         if let Some(meter) = meter {
-            meter.finish(&result, cancelled.is_cancelled() || self.stopping.is_cancelled());
+            meter.finish(&result, stopped());
         }
         if let Some(progress) = progress {
             progress.finish().await;
