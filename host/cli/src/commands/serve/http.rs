@@ -150,8 +150,6 @@ pub async fn serve(
     tracing::info!("serving MCP on http://{bound}{MCP_PATH}");
     // The address actually bound, for whoever started us with port 0.
     super::say(format_args!("keel: serving MCP on http://{bound}{MCP_PATH}"));
-    let connection =
-        Connections { mcp, token, metrics, idle: Duration::from_secs(args.idle_timeout_secs.max(1)) };
     // One runtime per core, each on a thread of its own, and the
     // connections dealt to them in turn: an HTTP/1.1 connection's requests,
     // their calls and their sandboxes then stay on one core, where a runtime
@@ -160,19 +158,21 @@ pub async fn serve(
     // carries one request at a time, so it loses no parallelism; an HTTP/2
     // one carries many at once, and is handed back to the shared runtime,
     // whose workers share its calls.
+    let idle = Duration::from_secs(args.idle_timeout_secs.max(1));
     let shared = tokio::runtime::Handle::current();
+    let connection = Connections { mcp, token, metrics, idle, stopping: stopping.clone(), shared };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let (mut dealt, mut ended) = (Vec::with_capacity(cores), Vec::with_capacity(cores));
     for core in 0..cores {
         let (deal, connections) = tokio::sync::mpsc::unbounded_channel();
-        let (connection, stopping, shared) = (connection.clone(), stopping.clone(), shared.clone());
+        let connection = connection.clone();
         let (done, end) = tokio::sync::oneshot::channel();
         std::thread::Builder::new().name(format!("keel-http-{core}")).spawn(move || {
             let served = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(anyhow::Error::from)
-                .map(|runtime| runtime.block_on(connection.serve_dealt(connections, stopping, shared)));
+                .map(|runtime| runtime.block_on(connection.serve_dealt(connections)));
             let _ = done.send(served);
         })?;
         dealt.push(deal);
@@ -206,6 +206,11 @@ struct Connections<S> {
     token: Option<Arc<[u8]>>,
     metrics: Option<(Endpoint, Arc<[String]>)>,
     idle: Duration,
+    /// Cancelled when the server stops: each connection then answers the
+    /// requests it has, and closes.
+    stopping: CancellationToken,
+    /// The runtime every core's worker shares, where HTTP/2 connections go.
+    shared: tokio::runtime::Handle,
 }
 
 impl<S> Connections<S>
@@ -222,8 +227,6 @@ where
     async fn serve_dealt(
         self,
         mut connections: tokio::sync::mpsc::UnboundedReceiver<(std::net::TcpStream, SocketAddr)>,
-        stopping: CancellationToken,
-        shared: tokio::runtime::Handle,
     ) {
         let mut serving = tokio::task::JoinSet::new();
         loop {
@@ -237,9 +240,7 @@ where
             };
             match tokio::net::TcpStream::from_std(stream) {
                 Ok(stream) => {
-                    let served =
-                        self.clone().serve_here_or_shared(stream, peer, stopping.clone(), shared.clone());
-                    serving.spawn(served);
+                    serving.spawn(self.clone().serve_here_or_shared(stream, peer));
                 }
                 Err(error) => tracing::debug!(%peer, "failed to take the connection: {error}"),
             }
@@ -248,25 +249,20 @@ where
     }
 
     /// Serve an HTTP/1.1 connection here, and hand an HTTP/2 one (known by
-    /// its preface) to the `shared` runtime, waiting for it to end there.
-    async fn serve_here_or_shared(
-        self,
-        stream: tokio::net::TcpStream,
-        peer: SocketAddr,
-        stopping: CancellationToken,
-        shared: tokio::runtime::Handle,
-    ) {
+    /// its preface) to the shared runtime, waiting for it to end there.
+    async fn serve_here_or_shared(self, stream: tokio::net::TcpStream, peer: SocketAddr) {
         let preface = tokio::select! {
             preface = tokio::time::timeout(self.idle, is_http2(&stream)) => preface,
-            () = stopping.cancelled() => return,
+            () = self.stopping.cancelled() => return,
         };
         match preface {
-            Ok(Ok(false)) => self.serve(stream, peer, stopping).await,
+            Ok(Ok(false)) => self.serve(stream, peer).await,
             Ok(Ok(true)) => match stream.into_std() {
                 Ok(stream) => {
+                    let shared = self.shared.clone();
                     let handed = shared.spawn(async move {
                         match tokio::net::TcpStream::from_std(stream) {
-                            Ok(stream) => self.serve(stream, peer, stopping).await,
+                            Ok(stream) => self.serve(stream, peer).await,
                             Err(error) => {
                                 tracing::debug!(%peer, "failed to hand the connection over: {error}")
                             }
@@ -284,14 +280,14 @@ where
     /// Serve one connection until it ends, idles past the timeout, or the
     /// server stops: then its requests are answered, and it closes (HTTP/2
     /// sends GOAWAY; HTTP/1.1 takes no next request).
-    async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr, stopping: CancellationToken) {
+    async fn serve(self, stream: tokio::net::TcpStream, peer: SocketAddr) {
         // A reply goes out in more than one write (its head, then its
         // events); with Nagle's algorithm on, a write waits for the client's
         // delayed ACK of the one before, 40 ms on Linux.
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%peer, "failed to set TCP_NODELAY: {error}");
         }
-        let Connections { mcp, token, metrics, idle } = self;
+        let Connections { mcp, token, metrics, idle, stopping, .. } = self;
         let activity = Activity::new();
         let watched = Watched { inner: stream, activity: activity.clone() };
         let in_service = activity.clone();
