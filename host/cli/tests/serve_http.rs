@@ -9,7 +9,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::http::{ACCEPT, JSON, initialize, request, stateless_call, stateless_call_with};
+use support::http::{
+    ACCEPT, JSON, initialize, request, stateless_body, stateless_call, stateless_call_with, stateless_headers,
+};
 use support::{Serving, bundled};
 
 mod support;
@@ -295,20 +297,12 @@ fn an_http2_client_runs_calls_at_once_on_one_connection() {
         let calls = (0..4).map(|id| {
             let mut send = send.clone();
             async move {
-                let body = json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": {
-                    "name": "sleep", "arguments": { "ms": 500 },
-                    "_meta": {
-                        "io.modelcontextprotocol/protocolVersion": "2026-07-28",
-                        "io.modelcontextprotocol/clientCapabilities": {},
-                        "io.modelcontextprotocol/clientInfo": { "name": "test", "version": "1" } } } });
-                let request = hyper::Request::post(format!("http://{addr}/mcp"))
-                    .header("accept", "application/json, text/event-stream")
-                    .header("content-type", "application/json")
-                    .header("mcp-protocol-version", "2026-07-28")
-                    .header("mcp-method", "tools/call")
-                    .header("mcp-name", "sleep")
-                    .body(Full::new(bytes::Bytes::from(body.to_string())))
-                    .unwrap();
+                let body = stateless_body(id, "sleep", &json!({ "ms": 500 }), &json!({}), &json!({}));
+                let mut request = hyper::Request::post(format!("http://{addr}/mcp"));
+                for (name, value) in stateless_headers("sleep") {
+                    request = request.header(name, value);
+                }
+                let request = request.body(Full::new(bytes::Bytes::from(body))).unwrap();
                 let response = send.send_request(request).await.unwrap();
                 assert_eq!(response.status(), 200);
                 let body = response.into_body().collect().await.unwrap().to_bytes();

@@ -115,6 +115,15 @@ pub fn stateless_call_with(
     capabilities: &Value,
     more: &Value,
 ) -> Reply {
+    let body = stateless_body(7, name, arguments, capabilities, more);
+    let mut headers = stateless_headers(name);
+    headers.extend_from_slice(extra);
+    request(addr, "POST", "/mcp", &headers, &body)
+}
+
+/// The body of a stateless 2026-07-28 `tools/call` numbered `id`, from a
+/// client of `capabilities`, with `more` in its params.
+pub fn stateless_body(id: u64, name: &str, arguments: &Value, capabilities: &Value, more: &Value) -> String {
     let mut params = json!({
         "name": name, "arguments": arguments,
         "_meta": {
@@ -126,14 +135,16 @@ pub fn stateless_call_with(
     for (key, value) in more.as_object().into_iter().flatten() {
         params[key] = value.clone();
     }
-    let body = json!({ "jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": params }).to_string();
-    let mut headers = vec![
+    json!({ "jsonrpc": "2.0", "id": id, "method": "tools/call", "params": params }).to_string()
+}
+
+/// The headers of a stateless 2026-07-28 `tools/call` of `name`.
+pub fn stateless_headers(name: &str) -> Vec<(&str, &str)> {
+    vec![
         ACCEPT,
         JSON,
         ("mcp-protocol-version", "2026-07-28"),
         ("mcp-method", "tools/call"),
         ("mcp-name", name),
-    ];
-    headers.extend_from_slice(extra);
-    request(addr, "POST", "/mcp", &headers, &body)
+    ]
 }
