@@ -161,8 +161,8 @@ impl Client {
     /// One `tools/call` of what `asked` names, with `text`; fails unless
     /// the reply is the one `asked` expects.
     async fn call(&self, id: u64, asked: Asked, text: &str) -> Result<()> {
-        let what = Path::new("echo over HTTP");
         let tool = asked.tool();
+        let what = Path::new(tool);
         let body = json!({
             "jsonrpc": "2.0", "id": id, "method": "tools/call",
             "params": {
@@ -223,7 +223,7 @@ async fn check_reply(
     asked: Asked,
     text: &str,
 ) -> Result<()> {
-    let what = Path::new("echo over HTTP");
+    let what = Path::new(asked.tool());
     let response = response.map_err(|error| failed(what, error))?;
     let status = response.status();
     let body = response.into_body().collect().await.map_err(|error| failed(what, error))?.to_bytes();
