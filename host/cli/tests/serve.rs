@@ -55,10 +55,16 @@ fn keel_command(workspace: &Path, args: &[OsString]) -> std::process::Command {
     command
 }
 
-/// Where a child's stderr goes: a file beside the workspace, shown when a
-/// test fails.
+/// Where a child's stderr goes: a file named after the workspace under the
+/// target's temporary directory, to read when a test fails (beside the
+/// workspace, in the system's, it would outlive it).
+fn stderr_path(workspace: &Path) -> PathBuf {
+    let name = workspace.file_name().expect("a workspace is a named directory");
+    Path::new(env!("CARGO_TARGET_TMPDIR")).join(name).with_extension("stderr")
+}
+
 fn stderr_file(workspace: &Path) -> std::fs::File {
-    std::fs::File::create(workspace.with_extension("stderr")).unwrap()
+    std::fs::File::create(stderr_path(workspace)).unwrap()
 }
 
 /// Progress notifications, as the client received them.
@@ -839,7 +845,7 @@ async fn plugins_added_changed_removed_or_broken_reload_while_a_call_is_in_fligh
         }
     };
     assert_eq!(text(&call("echo", json!({ "text": "still" })).await), ok("still"));
-    let log = std::fs::read_to_string(workspace.path().with_extension("stderr")).unwrap();
+    let log = std::fs::read_to_string(stderr_path(workspace.path())).unwrap();
     assert!(log.contains("echo.wasm") && log.contains("the version loaded before keeps serving"), "{log}");
 
     // Removed.
