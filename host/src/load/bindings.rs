@@ -8,8 +8,12 @@
 //! named without seeing the working directory) is decided by the caller, from
 //! the component's [`Version`].
 
+use std::sync::{Arc, OnceLock};
+
 use wasmtime::AsContextMut;
-use wasmtime::component::InstancePre;
+use wasmtime::component::{
+    Component, ComponentExportIndex, ComponentNamedList, Instance, InstancePre, Lift, Lower, TypedFunc,
+};
 
 /// Contract 0.2.0: questions see the input alone; output is one string.
 pub mod v0_2 {
@@ -71,7 +75,74 @@ pub enum GuestPre<T: 'static> {
     /// A 0.2.0 component.
     V0_2(v0_2::ToolPre<T>),
     /// A 0.3.0 component.
-    V0_3(v0_3::ToolPre<T>),
+    V0_3(PreV0_3<T>),
+}
+
+/// A 0.3.0 component linked, with where each export of its guest interface
+/// is. An instance looks up only the exports it is asked, where the
+/// bindings' `ToolPre` would look up and type-check all fifteen with every
+/// instance (a fresh one per call).
+pub struct PreV0_3<T: 'static> {
+    pre: InstancePre<T>,
+    exports: Arc<ExportsV0_3>,
+}
+
+/// The name of the 0.3.0 guest interface as a component exports it.
+const INTERFACE_V0_3: &str = "keel:tool/guest@0.3.0";
+
+/// Where each function of the 0.3.0 guest interface is in one component,
+/// and whether their types were checked.
+pub struct ExportsV0_3 {
+    metadata: ComponentExportIndex,
+    is_enabled: ComponentExportIndex,
+    max_result_size: ComponentExportIndex,
+    requires_user_interaction: ComponentExportIndex,
+    inputs_equivalent: ComponentExportIndex,
+    plan: ComponentExportIndex,
+    is_destructive: ComponentExportIndex,
+    check: ComponentExportIndex,
+    permission_subject: ComponentExportIndex,
+    classifier_input: ComponentExportIndex,
+    activity_description: ComponentExportIndex,
+    is_open_world: ComponentExportIndex,
+    is_search_or_read: ComponentExportIndex,
+    call: ComponentExportIndex,
+    /// Set once every function's type was checked against the bindings',
+    /// in the component's first instance: what makes `call_v0_3` sound.
+    typed: OnceLock<()>,
+}
+
+impl ExportsV0_3 {
+    fn new(component: &Component) -> wasmtime::Result<Self> {
+        let interface = component
+            .get_export_index(None, INTERFACE_V0_3)
+            .ok_or_else(|| wasmtime::format_err!("no exported instance named `{INTERFACE_V0_3}`"))?;
+        let lookup = |name: &str| {
+            component.get_export_index(Some(&interface), name).ok_or_else(|| {
+                wasmtime::format_err!("instance export `{INTERFACE_V0_3}` does not have export `{name}`")
+            })
+        };
+        // `user-facing-name` is part of the interface but never asked: the
+        // name shown comes from `metadata`.
+        lookup("user-facing-name")?;
+        Ok(ExportsV0_3 {
+            metadata: lookup("metadata")?,
+            is_enabled: lookup("is-enabled")?,
+            max_result_size: lookup("max-result-size")?,
+            requires_user_interaction: lookup("requires-user-interaction")?,
+            inputs_equivalent: lookup("inputs-equivalent")?,
+            plan: lookup("plan")?,
+            is_destructive: lookup("is-destructive")?,
+            check: lookup("check")?,
+            permission_subject: lookup("permission-subject")?,
+            classifier_input: lookup("classifier-input")?,
+            activity_description: lookup("activity-description")?,
+            is_open_world: lookup("is-open-world")?,
+            is_search_or_read: lookup("is-search-or-read")?,
+            call: lookup("call")?,
+            typed: OnceLock::new(),
+        })
+    }
 }
 
 impl<T: Send + 'static> GuestPre<T> {
@@ -79,7 +150,10 @@ impl<T: Send + 'static> GuestPre<T> {
     pub fn new(version: Version, pre: InstancePre<T>) -> wasmtime::Result<Self> {
         Ok(match version {
             Version::V0_2 => GuestPre::V0_2(v0_2::ToolPre::new(pre)?),
-            Version::V0_3 => GuestPre::V0_3(v0_3::ToolPre::new(pre)?),
+            Version::V0_3 => {
+                let exports = Arc::new(ExportsV0_3::new(pre.component())?);
+                GuestPre::V0_3(PreV0_3 { pre, exports })
+            }
         })
     }
 
@@ -87,7 +161,7 @@ impl<T: Send + 'static> GuestPre<T> {
     pub fn engine(&self) -> &wasmtime::Engine {
         match self {
             GuestPre::V0_2(pre) => pre.engine(),
-            GuestPre::V0_3(pre) => pre.engine(),
+            GuestPre::V0_3(pre) => pre.pre.engine(),
         }
     }
 
@@ -100,10 +174,19 @@ impl<T: Send + 'static> GuestPre<T> {
     }
 
     /// Instantiate it in `store`.
-    pub async fn instantiate_async(&self, store: impl AsContextMut<Data = T>) -> wasmtime::Result<Guest> {
+    pub async fn instantiate_async(&self, mut store: impl AsContextMut<Data = T>) -> wasmtime::Result<Guest> {
         Ok(match self {
             GuestPre::V0_2(pre) => Guest::V0_2(pre.instantiate_async(store).await?),
-            GuestPre::V0_3(pre) => Guest::V0_3(pre.instantiate_async(store).await?),
+            GuestPre::V0_3(PreV0_3 { pre, exports }) => {
+                let instance = pre.instantiate_async(&mut store).await?;
+                if exports.typed.get().is_none() {
+                    // As the bindings would with every instance: a function
+                    // of the wrong type fails here, at the plugin's load.
+                    v0_3::ToolIndices::new(pre)?.load(&mut store, &instance)?;
+                    let _ = exports.typed.set(());
+                }
+                Guest::V0_3 { instance, exports: exports.clone() }
+            }
         })
     }
 }
@@ -112,8 +195,36 @@ impl<T: Send + 'static> GuestPre<T> {
 pub enum Guest {
     /// A 0.2.0 instance.
     V0_2(v0_2::Tool),
-    /// A 0.3.0 instance.
-    V0_3(v0_3::Tool),
+    /// A 0.3.0 instance, and where its functions are.
+    V0_3 {
+        /// The instance.
+        instance: Instance,
+        /// Its component's exports, their types checked.
+        exports: Arc<ExportsV0_3>,
+    },
+}
+
+/// Call a 0.3.0 guest's function at `index`, one of `exports`.
+async fn call_v0_3<S, P, R>(
+    instance: &Instance,
+    mut store: S,
+    index: &ComponentExportIndex,
+    params: P,
+) -> wasmtime::Result<R>
+where
+    S: AsContextMut<Data: Send>,
+    P: ComponentNamedList + Lower + Send + Sync,
+    R: ComponentNamedList + Lift + Send + Sync + 'static,
+{
+    let func = instance
+        .get_func(&mut store, index)
+        .ok_or_else(|| wasmtime::format_err!("failed to find function export"))?;
+    // SAFETY: every function of the interface had its type checked against
+    // these bindings' in this component's first instance (`typed` is set
+    // only then, and no `Guest::V0_3` exists before), and a component's
+    // export types are the same in every instance.
+    let func = unsafe { TypedFunc::<P, R>::new_unchecked(func) };
+    func.call_async(&mut store, params).await
 }
 
 /// Ask one question of whichever version the guest is, passing the
@@ -127,7 +238,10 @@ macro_rules! per_input {
         {
             match self {
                 Guest::V0_2(tool) => tool.keel_tool_guest().$call(store, input).await.map($v2),
-                Guest::V0_3(tool) => tool.keel_tool_guest().$call(store, input, context).await,
+                Guest::V0_3 { instance, exports } => {
+                    let (answer,) = call_v0_3(instance, store, &exports.$name, (input, context)).await?;
+                    Ok(answer)
+                }
             }
         }
     )*};
@@ -138,7 +252,9 @@ impl Guest {
     pub async fn metadata<S: AsContextMut<Data: Send>>(&self, store: S) -> wasmtime::Result<ToolMetadata> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_metadata(store).await.map(metadata_of_v0_2),
-            Guest::V0_3(tool) => tool.keel_tool_guest().call_metadata(store).await,
+            Guest::V0_3 { instance, exports } => {
+                call_v0_3(instance, store, &exports.metadata, ()).await.map(|(answer,)| answer)
+            }
         }
     }
 
@@ -146,7 +262,9 @@ impl Guest {
     pub async fn is_enabled<S: AsContextMut<Data: Send>>(&self, store: S) -> wasmtime::Result<bool> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_is_enabled(store).await,
-            Guest::V0_3(tool) => tool.keel_tool_guest().call_is_enabled(store).await,
+            Guest::V0_3 { instance, exports } => {
+                call_v0_3(instance, store, &exports.is_enabled, ()).await.map(|(answer,)| answer)
+            }
         }
     }
 
@@ -157,7 +275,9 @@ impl Guest {
     ) -> wasmtime::Result<Option<u64>> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_max_result_size(store).await,
-            Guest::V0_3(tool) => tool.keel_tool_guest().call_max_result_size(store).await,
+            Guest::V0_3 { instance, exports } => {
+                call_v0_3(instance, store, &exports.max_result_size, ()).await.map(|(answer,)| answer)
+            }
         }
     }
 
@@ -168,7 +288,11 @@ impl Guest {
     ) -> wasmtime::Result<bool> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_requires_user_interaction(store).await,
-            Guest::V0_3(tool) => tool.keel_tool_guest().call_requires_user_interaction(store).await,
+            Guest::V0_3 { instance, exports } => {
+                call_v0_3(instance, store, &exports.requires_user_interaction, ())
+                    .await
+                    .map(|(answer,)| answer)
+            }
         }
     }
 
@@ -181,7 +305,9 @@ impl Guest {
     ) -> wasmtime::Result<bool> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_inputs_equivalent(store, a, b).await,
-            Guest::V0_3(tool) => tool.keel_tool_guest().call_inputs_equivalent(store, a, b).await,
+            Guest::V0_3 { instance, exports } => {
+                call_v0_3(instance, store, &exports.inputs_equivalent, (a, b)).await.map(|(answer,)| answer)
+            }
         }
     }
 
@@ -226,7 +352,9 @@ impl Guest {
                     context_modifier: output.context_modifier,
                 }))
             }
-            Guest::V0_3(tool) => tool.keel_tool_guest().call_call(store, input, context).await,
+            Guest::V0_3 { instance, exports } => {
+                call_v0_3(instance, store, &exports.call, (input, context)).await.map(|(output,)| output)
+            }
         }
     }
 }

@@ -10,8 +10,7 @@ use std::time::Duration;
 
 use wasmtime::Store;
 
-use super::bindings::ContentBlock;
-use super::bindings::v0_3::ToolPre;
+use super::bindings::{ContentBlock, GuestPre, Version};
 use super::engine::{RACY_WINDOW, Runtime};
 use super::grants::PluginGrant;
 use super::sandbox::{Mounts, SandboxState};
@@ -24,7 +23,7 @@ pub const CACHE_RACY_WINDOW: Duration = RACY_WINDOW;
 
 /// A component ready to instantiate, with no limits but the engine's.
 pub struct Floor {
-    pre: ToolPre<SandboxState>,
+    pre: GuestPre<SandboxState>,
     mounts: Option<Arc<Mounts>>,
     _runtime: Runtime,
 }
@@ -51,13 +50,14 @@ impl Floor {
         let pre = runtime
             .linker()
             .instantiate_pre(&compiled.component)
-            .and_then(ToolPre::new)
+            .and_then(|pre| GuestPre::new(Version::V0_3, pre))
             .map_err(|error| Error::plugin(path, format!("{error:#}")))?;
         Ok(Floor { pre, mounts, _runtime: runtime })
     }
 
-    /// A fresh store, instantiate, one `call` of `input`: nothing else. The
-    /// tool's own error is `Err`.
+    /// A fresh store, instantiate, one `call` of `input`: nothing else, and
+    /// through the same bindings as a keel call, which look up only the
+    /// export they call. The tool's own error is `Err`.
     pub async fn call(&self, input: &str) -> std::result::Result<String, String> {
         let state = match &self.mounts {
             Some(mounts) => SandboxState::bare_in(mounts.clone()),
@@ -68,7 +68,7 @@ impl Floor {
         let _ = store.set_fuel(u64::MAX);
         store.set_epoch_deadline(u64::MAX / 2);
         let tool = self.pre.instantiate_async(&mut store).await.expect("the floor instantiates");
-        let output = tool.keel_tool_guest().call_call(&mut store, input, r#"{"cwd":"/workspace"}"#).await;
+        let output = tool.call(&mut store, input, r#"{"cwd":"/workspace"}"#).await;
         let output = output.expect("the floor's call does not trap")?;
         let text = output.content.into_iter().find_map(|block| match block {
             ContentBlock::Text(text) => Some(text),
