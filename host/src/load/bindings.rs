@@ -73,7 +73,7 @@ impl Version {
 /// A component linked for one contract version, ready to instantiate.
 pub enum GuestPre<T: 'static> {
     /// A 0.2.0 component.
-    V0_2(v0_2::ToolPre<T>),
+    V0_2(Box<v0_2::ToolPre<T>>),
     /// A 0.3.0 component.
     V0_3(PreV0_3<T>),
 }
@@ -149,7 +149,7 @@ impl<T: Send + 'static> GuestPre<T> {
     /// Check that `pre` exports the guest interface of `version`.
     pub fn new(version: Version, pre: InstancePre<T>) -> wasmtime::Result<Self> {
         Ok(match version {
-            Version::V0_2 => GuestPre::V0_2(v0_2::ToolPre::new(pre)?),
+            Version::V0_2 => GuestPre::V0_2(Box::new(v0_2::ToolPre::new(pre)?)),
             Version::V0_3 => {
                 let exports = Arc::new(ExportsV0_3::new(pre.component())?);
                 GuestPre::V0_3(PreV0_3 { pre, exports })
@@ -176,7 +176,7 @@ impl<T: Send + 'static> GuestPre<T> {
     /// Instantiate it in `store`.
     pub async fn instantiate_async(&self, mut store: impl AsContextMut<Data = T>) -> wasmtime::Result<Guest> {
         Ok(match self {
-            GuestPre::V0_2(pre) => Guest::V0_2(pre.instantiate_async(store).await?),
+            GuestPre::V0_2(pre) => Guest::V0_2(Box::new(pre.instantiate_async(store).await?)),
             GuestPre::V0_3(PreV0_3 { pre, exports }) => {
                 let instance = pre.instantiate_async(&mut store).await?;
                 if exports.typed.get().is_none() {
@@ -194,7 +194,7 @@ impl<T: Send + 'static> GuestPre<T> {
 /// A live instance of a tool, asked in the newest version's terms.
 pub enum Guest {
     /// A 0.2.0 instance.
-    V0_2(v0_2::Tool),
+    V0_2(Box<v0_2::Tool>),
     /// A 0.3.0 instance, and where its functions are.
     V0_3 {
         /// The instance.
