@@ -92,7 +92,7 @@ const INTERFACE_V0_3: &str = "keel:tool/guest@0.3.0";
 
 /// Where each function of the 0.3.0 guest interface is in one component,
 /// and whether their types were checked.
-pub struct ExportsV0_3 {
+struct ExportsV0_3 {
     metadata: ComponentExportIndex,
     is_enabled: ComponentExportIndex,
     max_result_size: ComponentExportIndex,
@@ -108,7 +108,7 @@ pub struct ExportsV0_3 {
     is_search_or_read: ComponentExportIndex,
     call: ComponentExportIndex,
     /// Set once every function's type was checked against the bindings',
-    /// in the component's first instance: what makes `call_v0_3` sound.
+    /// in the component's first instance: what makes `LiveV0_3::call` sound.
     typed: OnceLock<()>,
 }
 
@@ -185,7 +185,7 @@ impl<T: Send + 'static> GuestPre<T> {
                     v0_3::ToolIndices::new(pre)?.load(&mut store, &instance)?;
                     let _ = exports.typed.set(());
                 }
-                Guest::V0_3 { instance, exports: exports.clone() }
+                Guest::V0_3(LiveV0_3 { instance, exports: exports.clone() })
             }
         })
     }
@@ -195,36 +195,43 @@ impl<T: Send + 'static> GuestPre<T> {
 pub enum Guest {
     /// A 0.2.0 instance.
     V0_2(Box<v0_2::Tool>),
-    /// A 0.3.0 instance, and where its functions are.
-    V0_3 {
-        /// The instance.
-        instance: Instance,
-        /// Its component's exports, their types checked.
-        exports: Arc<ExportsV0_3>,
-    },
+    /// A 0.3.0 instance.
+    V0_3(LiveV0_3),
 }
 
-/// Call a 0.3.0 guest's function at `index`, one of `exports`.
-async fn call_v0_3<S, P, R>(
-    instance: &Instance,
-    mut store: S,
-    index: &ComponentExportIndex,
-    params: P,
-) -> wasmtime::Result<R>
-where
-    S: AsContextMut<Data: Send>,
-    P: ComponentNamedList + Lower + Send + Sync,
-    R: ComponentNamedList + Lift + Send + Sync + 'static,
-{
-    let func = instance
-        .get_func(&mut store, index)
-        .ok_or_else(|| wasmtime::format_err!("failed to find function export"))?;
-    // SAFETY: every function of the interface had its type checked against
-    // these bindings' in this component's first instance (`typed` is set
-    // only then, and no `Guest::V0_3` exists before), and a component's
-    // export types are the same in every instance.
-    let func = unsafe { TypedFunc::<P, R>::new_unchecked(func) };
-    func.call_async(&mut store, params).await
+/// A live 0.3.0 instance and where its component's functions are. Made only
+/// by [`GuestPre::instantiate_async`], once the types were checked.
+pub struct LiveV0_3 {
+    instance: Instance,
+    exports: Arc<ExportsV0_3>,
+}
+
+impl LiveV0_3 {
+    /// Call the function `export` picks of the interface, and give its one
+    /// result.
+    async fn call<S, P, A>(
+        &self,
+        mut store: S,
+        export: fn(&ExportsV0_3) -> &ComponentExportIndex,
+        params: P,
+    ) -> wasmtime::Result<A>
+    where
+        S: AsContextMut<Data: Send>,
+        P: ComponentNamedList + Lower + Send + Sync,
+        (A,): ComponentNamedList + Lift + Send + Sync + 'static,
+    {
+        let func = self
+            .instance
+            .get_func(&mut store, export(&self.exports))
+            .ok_or_else(|| wasmtime::format_err!("failed to find function export"))?;
+        // SAFETY: every function of the interface had its type checked
+        // against these bindings' in this component's first instance
+        // (`typed` is set only then, and a `LiveV0_3` is made only after),
+        // and a component's export types are the same in every instance.
+        let func = unsafe { TypedFunc::<P, (A,)>::new_unchecked(func) };
+        let (answer,) = func.call_async(&mut store, params).await?;
+        Ok(answer)
+    }
 }
 
 /// Ask one question of whichever version the guest is, passing the
@@ -238,10 +245,7 @@ macro_rules! per_input {
         {
             match self {
                 Guest::V0_2(tool) => tool.keel_tool_guest().$call(store, input).await.map($v2),
-                Guest::V0_3 { instance, exports } => {
-                    let (answer,) = call_v0_3(instance, store, &exports.$name, (input, context)).await?;
-                    Ok(answer)
-                }
+                Guest::V0_3(live) => live.call(store, |exports| &exports.$name, (input, context)).await,
             }
         }
     )*};
@@ -252,9 +256,7 @@ impl Guest {
     pub async fn metadata<S: AsContextMut<Data: Send>>(&self, store: S) -> wasmtime::Result<ToolMetadata> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_metadata(store).await.map(metadata_of_v0_2),
-            Guest::V0_3 { instance, exports } => {
-                call_v0_3(instance, store, &exports.metadata, ()).await.map(|(answer,)| answer)
-            }
+            Guest::V0_3(live) => live.call(store, |exports| &exports.metadata, ()).await,
         }
     }
 
@@ -262,9 +264,7 @@ impl Guest {
     pub async fn is_enabled<S: AsContextMut<Data: Send>>(&self, store: S) -> wasmtime::Result<bool> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_is_enabled(store).await,
-            Guest::V0_3 { instance, exports } => {
-                call_v0_3(instance, store, &exports.is_enabled, ()).await.map(|(answer,)| answer)
-            }
+            Guest::V0_3(live) => live.call(store, |exports| &exports.is_enabled, ()).await,
         }
     }
 
@@ -275,9 +275,7 @@ impl Guest {
     ) -> wasmtime::Result<Option<u64>> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_max_result_size(store).await,
-            Guest::V0_3 { instance, exports } => {
-                call_v0_3(instance, store, &exports.max_result_size, ()).await.map(|(answer,)| answer)
-            }
+            Guest::V0_3(live) => live.call(store, |exports| &exports.max_result_size, ()).await,
         }
     }
 
@@ -288,11 +286,7 @@ impl Guest {
     ) -> wasmtime::Result<bool> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_requires_user_interaction(store).await,
-            Guest::V0_3 { instance, exports } => {
-                call_v0_3(instance, store, &exports.requires_user_interaction, ())
-                    .await
-                    .map(|(answer,)| answer)
-            }
+            Guest::V0_3(live) => live.call(store, |exports| &exports.requires_user_interaction, ()).await,
         }
     }
 
@@ -305,9 +299,7 @@ impl Guest {
     ) -> wasmtime::Result<bool> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_inputs_equivalent(store, a, b).await,
-            Guest::V0_3 { instance, exports } => {
-                call_v0_3(instance, store, &exports.inputs_equivalent, (a, b)).await.map(|(answer,)| answer)
-            }
+            Guest::V0_3(live) => live.call(store, |exports| &exports.inputs_equivalent, (a, b)).await,
         }
     }
 
@@ -352,9 +344,7 @@ impl Guest {
                     context_modifier: output.context_modifier,
                 }))
             }
-            Guest::V0_3 { instance, exports } => {
-                call_v0_3(instance, store, &exports.call, (input, context)).await.map(|(output,)| output)
-            }
+            Guest::V0_3(live) => live.call(store, |exports| &exports.call, (input, context)).await,
         }
     }
 }
