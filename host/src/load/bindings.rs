@@ -15,6 +15,8 @@ use wasmtime::component::{
     Component, ComponentExportIndex, ComponentNamedList, Instance, InstancePre, Lift, Lower, TypedFunc,
 };
 
+use crate::contract::GUEST_INTERFACE;
+
 /// Contract 0.2.0: questions see the input alone; output is one string.
 pub mod v0_2 {
     wasmtime::component::bindgen!({
@@ -87,9 +89,6 @@ pub struct PreV0_3<T: 'static> {
     exports: Arc<ExportsV0_3>,
 }
 
-/// The name of the 0.3.0 guest interface as a component exports it.
-const INTERFACE_V0_3: &str = "keel:tool/guest@0.3.0";
-
 /// Where each function of the 0.3.0 guest interface is in one component,
 /// and whether their types were checked.
 struct ExportsV0_3 {
@@ -114,12 +113,13 @@ struct ExportsV0_3 {
 
 impl ExportsV0_3 {
     fn new(component: &Component) -> wasmtime::Result<Self> {
+        let interface_name = format!("{GUEST_INTERFACE}@{}", Version::V0_3.as_str());
         let interface = component
-            .get_export_index(None, INTERFACE_V0_3)
-            .ok_or_else(|| wasmtime::format_err!("no exported instance named `{INTERFACE_V0_3}`"))?;
+            .get_export_index(None, &interface_name)
+            .ok_or_else(|| wasmtime::format_err!("no exported instance named `{interface_name}`"))?;
         let lookup = |name: &str| {
             component.get_export_index(Some(&interface), name).ok_or_else(|| {
-                wasmtime::format_err!("instance export `{INTERFACE_V0_3}` does not have export `{name}`")
+                wasmtime::format_err!("instance export `{interface_name}` does not have export `{name}`")
             })
         };
         // `user-facing-name` is part of the interface but never asked: the
