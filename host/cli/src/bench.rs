@@ -459,36 +459,42 @@ fn hex(bytes: &[u8]) -> String {
 }
 
 /// Figure 10: a plugin's first call after a warm start against its later
-/// calls; and the warm-up that makes the first call cheap, which runs in the
-/// background once the pool is ready, against the start itself. Each start
+/// calls made back to back, and against later calls that each come after
+/// 5 ms idle, as a server's calls come (its first among them); and the
+/// warm-up that makes the first call cheap, which runs in the background
+/// once the pool is ready, against the start itself. Each start
 /// is a fresh `keel` process ([`FIRST_CALL_ARGS`], timed by
 /// [`first_call_in_process`]) of 50 plugins whose compiled code and answers
 /// are in the compile cache.
-pub fn first_call(options: &BenchOptions) -> Result<[Figure; 2]> {
+pub fn first_call(options: &BenchOptions) -> Result<[Figure; 3]> {
     let plugins = fifty_plugins(options)?;
     let copied = Instant::now();
     let cache = tempdir()?;
     // The first start fills the cache.
-    child_figures::<3>(options, &FIRST_CALL_ARGS, plugins.path(), cache.path())?;
+    child_figures::<4>(options, &FIRST_CALL_ARGS, plugins.path(), cache.path())?;
     std::thread::sleep(CACHE_RACY_WINDOW.saturating_sub(copied.elapsed()));
-    let (mut first, mut later, mut warm_up, mut start) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let (mut first, mut later, mut after_idle) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut warm_up, mut start) = (Vec::new(), Vec::new());
     for _ in 0..options.scale(11, 3) {
-        let [once, then, warming] =
-            child_figures::<3>(options, &FIRST_CALL_ARGS, plugins.path(), cache.path())?;
+        let [once, then, idle, warming] =
+            child_figures::<4>(options, &FIRST_CALL_ARGS, plugins.path(), cache.path())?;
         first.push(once);
         later.push(then);
+        after_idle.push(idle);
         warm_up.push(warming);
         let [ms] = child_figures::<1>(options, &START_POOL_ARGS, plugins.path(), cache.path())?;
         start.push(ms);
     }
+    let first = median(first);
     Ok([
+        Figure::new("first_call_after_warm_start (first call / later call)", first, median(later), "µs")
+            .at_most(2.0),
         Figure::new(
-            "first_call_after_warm_start (first call / later call)",
-            median(first),
-            median(later),
+            "first_call_after_warm_start_vs_idle (first call / a later call after 5 ms idle)",
+            first,
+            median(after_idle),
             "µs",
-        )
-        .at_most(2.0),
+        ),
         Figure::new(
             "first_call_warm_up_50_plugins (in the background once ready / the start)",
             median(warm_up),
@@ -506,25 +512,33 @@ pub const FIRST_CALL_ARGS: [&str; 2] = ["bench", "--first-call"];
 
 /// Start a pool as [`start_pool`] does and warm it up as `keel serve` does
 /// once it is ready ([`Host::warm_up`]), then give the µs of the first call
-/// of `echo`, the median of the 20 calls after it, and the ms the warm-up
-/// took.
-pub fn first_call_in_process(plugins: &Path, cache: &Path, started: Instant) -> Result<[f64; 3]> {
+/// of `echo`, the median of the 20 calls after it, the median of 10 more
+/// calls each made after 5 ms in which the process does nothing, and the ms
+/// the warm-up took.
+pub fn first_call_in_process(plugins: &Path, cache: &Path, started: Instant) -> Result<[f64; 4]> {
     let (_, host, runtime) = start_pool(plugins, cache, started)?;
     let warming = Instant::now();
     runtime.block_on(host.warm_up());
     let warm_up = warming.elapsed().as_secs_f64() * 1e3;
-    let mut times = Vec::new();
-    for id in 0..21 {
+    let call = |id: usize| -> Result<f64> {
         let call = [echo_use(id)];
         let started = Instant::now();
         let outcome = runtime.block_on(host.run_batch(&call));
-        times.push(started.elapsed().as_secs_f64() * 1e6);
-        if outcome.results[0].is_error {
-            return Err(Error::Engine(format!("echo failed: {}", outcome.results[0].content)));
+        let micros = started.elapsed().as_secs_f64() * 1e6;
+        match outcome.results[0].is_error {
+            true => Err(Error::Engine(format!("echo failed: {}", outcome.results[0].content))),
+            false => Ok(micros),
         }
-    }
-    let first = times.remove(0);
-    Ok([first, median(times), warm_up])
+    };
+    let first = call(0)?;
+    let later = (1..21).map(call).collect::<Result<Vec<_>>>()?;
+    let after_idle = (21..31)
+        .map(|id| {
+            std::thread::sleep(std::time::Duration::from_millis(5));
+            call(id)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok([first, median(later), median(after_idle), warm_up])
 }
 
 /// Figure 11: a 2 MiB image result through the result budgets and into the

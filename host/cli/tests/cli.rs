@@ -105,6 +105,7 @@ fn bench_quick_prints_one_json_figure_per_line() {
             "batch_speedup",
             "startup_50_plugins",
             "first_call_after_warm_start",
+            "first_call_after_warm_start_vs_idle",
             "first_call_warm_up_50_plugins",
             "tool_work_hash_10mb",
             "tool_work_hash_10mb_unmetered",

@@ -64,8 +64,8 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
         return Ok(bench::http::serve_native_echo_http()?);
     }
     if let Some([plugins, cache]) = args.first_call.as_deref() {
-        let [first, later, warm_up] = bench::first_call_in_process(plugins, cache, started)?;
-        println!("{first} {later} {warm_up}");
+        let [first, later, after_idle, warm_up] = bench::first_call_in_process(plugins, cache, started)?;
+        println!("{first} {later} {after_idle} {warm_up}");
         std::process::exit(0);
     }
     if let Some([plugins, cache]) = args.start_pool.as_deref() {
