@@ -525,10 +525,10 @@ pub fn first_call_in_process(plugins: &Path, cache: &Path, started: Instant) -> 
         let started = Instant::now();
         let outcome = runtime.block_on(host.run_batch(&call));
         let micros = started.elapsed().as_secs_f64() * 1e6;
-        match outcome.results[0].is_error {
-            true => Err(Error::Engine(format!("echo failed: {}", outcome.results[0].content))),
-            false => Ok(micros),
+        if outcome.results[0].is_error {
+            return Err(Error::Engine(format!("echo failed: {}", outcome.results[0].content)));
         }
+        Ok(micros)
     };
     let first = call(0)?;
     let later = (1..21).map(call).collect::<Result<Vec<_>>>()?;
