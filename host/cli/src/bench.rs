@@ -521,9 +521,9 @@ pub fn first_call_in_process(plugins: &Path, cache: &Path, started: Instant) -> 
     runtime.block_on(host.warm_up());
     let warm_up = warming.elapsed().as_secs_f64() * 1e3;
     let call = |id: usize| -> Result<f64> {
-        let call = [echo_use(id)];
+        let batch = [echo_use(id)];
         let started = Instant::now();
-        let outcome = runtime.block_on(host.run_batch(&call));
+        let outcome = runtime.block_on(host.run_batch(&batch));
         let micros = started.elapsed().as_secs_f64() * 1e6;
         if outcome.results[0].is_error {
             return Err(Error::Engine(format!("echo failed: {}", outcome.results[0].content)));
