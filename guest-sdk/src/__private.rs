@@ -12,7 +12,7 @@ use crate::{Block, Context, Interrupt, Permission, Tool};
 #[expect(missing_docs, reason = "generated from wit/, which carries the docs")]
 pub mod bindings {
     wit_bindgen::generate!({
-        path: "../wit/v0.3.0",
+        path: "../wit/v0.4.0",
         world: "keel:tool/tool",
         runtime_path: "::keel_guest::__private::wit_bindgen::rt",
         default_bindings_module: "::keel_guest::__private::bindings",
@@ -246,6 +246,15 @@ impl<E: Exports> Guest for E {
         E::Tool::REQUIRES_USER_INTERACTION
     }
 
+    fn fixed_plan() -> Option<CallPlan> {
+        E::Tool::FIXED_PLAN
+            .map(|plan| CallPlan { concurrency_safe: plan.concurrency_safe, read_only: plan.read_only })
+    }
+
+    fn checks_input() -> bool {
+        E::Tool::CHECKS_INPUT
+    }
+
     fn inputs_equivalent(a: String, b: String) -> bool {
         match (serde_json::from_str::<Value>(&a), serde_json::from_str::<Value>(&b)) {
             (Ok(a), Ok(b)) => E::Tool::inputs_equivalent(&a, &b),
@@ -324,6 +333,38 @@ mod tests {
 
     fn input(path: &str) -> String {
         json!({ "path": path }).to_string()
+    }
+
+    /// A tool whose plan and check hold for every input.
+    struct Fixed;
+
+    impl Tool for Fixed {
+        type Input = Input;
+        const NAME: &str = "fixed";
+        const DESCRIPTION: &str = "Test tool.";
+        const FIXED_PLAN: Option<crate::Plan> = Some(crate::Plan::SAFE_READ_ONLY);
+        const CHECKS_INPUT: bool = false;
+
+        fn call(input: Input, _cx: &Context) -> Result<Output> {
+            Ok(Output::text(input.path))
+        }
+    }
+
+    struct ExportFixed;
+    impl Exports for ExportFixed {
+        type Tool = Fixed;
+    }
+
+    #[test]
+    fn a_fixed_plan_is_said_at_load_and_is_what_plan_answers() {
+        assert!(Export::fixed_plan().is_none());
+        assert!(Export::checks_input());
+        let fixed = ExportFixed::fixed_plan().expect("a fixed plan");
+        assert!(fixed.concurrency_safe && fixed.read_only);
+        assert!(!ExportFixed::checks_input());
+        let asked = ExportFixed::plan(input("a"), SECRETS.into());
+        assert_eq!((asked.concurrency_safe, asked.read_only), (fixed.concurrency_safe, fixed.read_only));
+        assert!(matches!(ExportFixed::check(input("a"), SECRETS.into()), Ok(WitPermission::Allow(None))));
     }
 
     #[test]

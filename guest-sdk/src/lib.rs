@@ -121,7 +121,7 @@
 //! # Contract version
 //!
 //! The component exports the interface `keel:tool/guest@`[`CONTRACT_VERSION`]
-//! (`wit/v0.3.0/tool.wit` in the keel repository). A host loads the versions
+//! (`wit/v0.4.0/tool.wit` in the keel repository). A host loads the versions
 //! it supports and refuses any other at load with a message naming them,
 //! instead of failing at the first call.
 #![deny(missing_docs)]
@@ -140,7 +140,7 @@ use serde::de::DeserializeOwned;
 pub use serde_json::{Value, json};
 
 /// The version of the WIT contract (`keel:tool`) this SDK builds against.
-pub const CONTRACT_VERSION: &str = "0.3.0";
+pub const CONTRACT_VERSION: &str = "0.4.0";
 
 /// Where the host mounts the workspace inside the sandbox.
 pub const WORKSPACE_MOUNT: &str = "/workspace";
@@ -148,6 +148,21 @@ pub const WORKSPACE_MOUNT: &str = "/workspace";
 /// The default for [`Tool::MAX_RESULT_SIZE`]: results longer than this many
 /// characters are persisted by the host and replaced by a preview.
 pub const DEFAULT_MAX_RESULT_SIZE_CHARS: u64 = 50_000;
+
+/// How every call of a tool may run, when that does not depend on the
+/// input: see [`Tool::FIXED_PLAN`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Plan {
+    /// Whether a call may run beside other concurrency-safe calls.
+    pub concurrency_safe: bool,
+    /// Whether a call writes nothing; the host then grants it read-only access.
+    pub read_only: bool,
+}
+
+impl Plan {
+    /// Concurrency-safe and read-only: a tool that only reads or computes.
+    pub const SAFE_READ_ONLY: Plan = Plan { concurrency_safe: true, read_only: true };
+}
 
 /// What the host does with a running call when the batch is interrupted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -527,6 +542,19 @@ pub trait Tool {
     const MAX_RESULT_SIZE: Option<u64> = Some(DEFAULT_MAX_RESULT_SIZE_CHARS);
     /// Whether the tool needs a person at the keyboard. Default: false.
     const REQUIRES_USER_INTERACTION: bool = false;
+    /// The plan of every call, when it is the same whatever the input and
+    /// the context: the host reads it once, at load, and then never asks
+    /// [`Tool::is_concurrency_safe`] or [`Tool::is_read_only`], whose defaults
+    /// give its answer. A call then costs one export less. The read-only
+    /// claim is enforced as it is when asked. Default: none, asked of each
+    /// call.
+    const FIXED_PLAN: Option<Plan> = None;
+    /// Whether [`Tool::validate_input`] or [`Tool::check_permissions`] may
+    /// refuse an input, rewrite it or ask the user. When false the host never
+    /// asks them: every input that passes the schema is valid and allowed by
+    /// the tool (the host's permission rules still apply), and a call costs
+    /// one export less. Default: true.
+    const CHECKS_INPUT: bool = true;
 
     /// JSON Schema of structured output, if the tool has one: usually
     /// `Some(keel_guest::schema_for::<MyOutput>())`. The host checks every
@@ -540,15 +568,17 @@ pub trait Tool {
         true
     }
 
-    /// Whether this call may run beside other safe calls. Default: false.
+    /// Whether this call may run beside other safe calls. Default:
+    /// [`Tool::FIXED_PLAN`]'s answer, else false.
     fn is_concurrency_safe(_input: &Self::Input, _cx: &Context) -> bool {
-        false
+        Self::FIXED_PLAN.is_some_and(|plan| plan.concurrency_safe)
     }
 
-    /// Whether this call writes nothing. Default: false. When true the call is
-    /// given read-only access: the claim is enforced, not trusted.
+    /// Whether this call writes nothing. Default: [`Tool::FIXED_PLAN`]'s
+    /// answer, else false. When true the call is given read-only access: the
+    /// claim is enforced, not trusted.
     fn is_read_only(_input: &Self::Input, _cx: &Context) -> bool {
-        false
+        Self::FIXED_PLAN.is_some_and(|plan| plan.read_only)
     }
 
     /// Whether this call does something irreversible. Default: false.

@@ -8,11 +8,21 @@
 use std::path::{Component, Path};
 
 /// The newest contract version, the one the guest SDK builds against: the
-/// version of the `keel:tool` package in `wit/v0.3.0/`.
-pub const CONTRACT_VERSION: &str = "0.3.0";
+/// version of the `keel:tool` package in `wit/v0.4.0/`.
+pub const CONTRACT_VERSION: &str = "0.4.0";
 
 /// Every contract version this host loads, oldest first.
-pub const SUPPORTED_CONTRACT_VERSIONS: [&str; 2] = ["0.2.0", "0.3.0"];
+pub const SUPPORTED_CONTRACT_VERSIONS: [&str; 3] = ["0.2.0", "0.3.0", "0.4.0"];
+
+/// [`SUPPORTED_CONTRACT_VERSIONS`] as a sentence names them: "0.2.0, 0.3.0
+/// and 0.4.0".
+pub(crate) fn supported_versions() -> String {
+    match SUPPORTED_CONTRACT_VERSIONS.split_last() {
+        Some((last, [])) => last.to_string(),
+        Some((last, rest)) => format!("{} and {last}", rest.join(", ")),
+        None => String::new(),
+    }
+}
 
 /// The name of the interface every tool exports, without its version.
 pub(crate) const GUEST_INTERFACE: &str = "keel:tool/guest";

@@ -144,7 +144,7 @@ fn calls_arriving_one_by_one_are_judged_where_they_run() {
 fn a_tool_of_contract_0_2_0_loads_runs_and_cannot_walk_around_a_rule() {
     let (workspace, builder) = world(DENY_SECRETS);
     let host = block_on(builder.build()).unwrap();
-    let legacy = host.pool().get("legacy_write").expect("a 0.2.0 component loads beside 0.3.0 ones");
+    let legacy = host.pool().get("legacy_write").expect("a 0.2.0 component loads beside newer ones");
     assert!(matches!(
         legacy.tool.spec().origin,
         keel_host::tool::ToolOrigin::Plugin { contract: "0.2.0", .. }

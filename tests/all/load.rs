@@ -15,7 +15,7 @@ fn loads_each_example_tool_with_its_metadata() {
     let grep = host.pool().get("grep").unwrap().tool.spec();
     assert_eq!(grep.max_result_size, ResultSize::Chars(50_000));
     assert_eq!(grep.interrupt, InterruptBehavior::Cancel);
-    assert_eq!(grep.origin, ToolOrigin::Plugin { path: guest("keel_tool_grep"), contract: "0.3.0" });
+    assert_eq!(grep.origin, ToolOrigin::Plugin { path: guest("keel_tool_grep"), contract: "0.4.0" });
     assert_eq!(grep.input_schema["required"], serde_json::json!(["pattern"]));
     assert_eq!(grep.input_schema["properties"]["glob"]["type"], serde_json::json!(["string", "null"]));
 
@@ -82,13 +82,13 @@ fn a_component_without_the_contract_is_refused() {
     assert_eq!(
         load_error(&component),
         "does not export `keel:tool/guest@<version>` (it exports nothing); is it a keel tool? \
-         This host loads contracts 0.2.0 and 0.3.0"
+         This host loads contracts 0.2.0, 0.3.0 and 0.4.0"
     );
 }
 
 #[test]
 fn a_component_of_a_contract_version_the_host_does_not_know_is_refused_naming_those_it_does() {
-    for version in ["0.1.0", "0.4.0"] {
+    for version in ["0.1.0", "0.5.0"] {
         let wat = format!(
             r#"(component (instance $guest) (export "keel:tool/guest@{version}" (instance $guest)))"#
         );
@@ -96,7 +96,7 @@ fn a_component_of_a_contract_version_the_host_does_not_know_is_refused_naming_th
             load_error(&wat::parse_str(wat).unwrap()),
             format!(
                 "was built against keel tool contract {version}, which this host does not know; it loads \
-                 contracts 0.2.0 and 0.3.0: rebuild the tool with a keel-guest of one of them"
+                 contracts 0.2.0, 0.3.0 and 0.4.0: rebuild the tool with a keel-guest of one of them"
             )
         );
     }
@@ -104,7 +104,7 @@ fn a_component_of_a_contract_version_the_host_does_not_know_is_refused_naming_th
 
 #[test]
 fn a_component_missing_an_export_is_refused_naming_it() {
-    for version in ["0.2.0", "0.3.0"] {
+    for version in ["0.2.0", "0.3.0", "0.4.0"] {
         let wat = format!(
             r#"(component (instance $guest) (export "keel:tool/guest@{version}" (instance $guest)))"#
         );

@@ -25,7 +25,7 @@ fn spec(name: &str, origin: ToolOrigin) -> ToolSpec {
 }
 
 fn plugin_origin(file: &str) -> ToolOrigin {
-    ToolOrigin::Plugin { path: PathBuf::from(format!("/plugins/{file}.wasm")), contract: "0.3.0" }
+    ToolOrigin::Plugin { path: PathBuf::from(format!("/plugins/{file}.wasm")), contract: "0.4.0" }
 }
 
 fn builtin(name: &str) -> Arc<dyn Tool> {

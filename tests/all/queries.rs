@@ -121,3 +121,84 @@ fn a_misspelt_export_name_is_refused_by_the_guest() {
         results[0].content
     );
 }
+
+/// A host with `fixed` (a 0.4.0 tool whose plan and checks are answered at
+/// load) and `legacy_echo` (a 0.3.0 tool, asked both per call).
+fn fixed_host() -> (tempfile::TempDir, Host) {
+    let workspace = tempfile::tempdir().unwrap();
+    let builder = Host::builder()
+        .workspace(workspace.path())
+        .plugins(guest("keel_guest_fixed"))
+        .plugins(guest("keel_guest_legacy_v0_3"))
+        .cache_dir(Some(shared_cache()));
+    let host = block_on(builder.build()).unwrap();
+    (workspace, host)
+}
+
+fn fixed(id: &str, input: serde_json::Value) -> ToolUse {
+    ToolUse::new(id, "fixed", input)
+}
+
+#[test]
+fn a_plan_fixed_at_load_is_never_asked_per_call_and_its_calls_run_side_by_side() {
+    let (_workspace, host) = fixed_host();
+    let batch = vec![fixed("a", json!({ "message": "a" })), fixed("b", json!({ "message": "b" }))];
+    let (events, results, _) = events_of(&host, batch);
+    let plan = events.iter().find(|event| matches!(event, Event::BatchPlan { .. })).unwrap();
+    assert_eq!(
+        plan,
+        &Event::BatchPlan {
+            batches: vec![PlannedGroup { concurrent: true, tool_use_ids: vec!["a".into(), "b".into()] }]
+        },
+        "`plan` traps when asked: asked, the calls would have run alone"
+    );
+    assert_eq!(
+        results,
+        vec![ToolResult::ok("a", "ok: a"), ToolResult::ok("b", "ok: b")],
+        "`check` traps when asked: asked, the calls would have been refused"
+    );
+}
+
+#[test]
+fn a_plan_fixed_read_only_at_load_is_enforced_as_an_asked_one_is() {
+    let (workspace, host) = fixed_host();
+    let outcome = block_on(host.run_batch(&[fixed("w", json!({ "message": "w", "write": "x.txt" }))]));
+    let result = &outcome.results[0];
+    assert!(result.is_error, "{result:?}");
+    assert!(result.content.text().starts_with("failed to write /workspace/x.txt: "), "{result:?}");
+    assert!(!workspace.path().join("x.txt").exists());
+}
+
+#[test]
+fn a_tool_of_contract_0_3_0_is_asked_its_plan_and_check_on_every_call() {
+    let (_workspace, host) = fixed_host();
+    let legacy = host.pool().get("legacy_echo").expect("a 0.3.0 component loads beside 0.4.0 ones");
+    assert!(
+        matches!(legacy.tool.spec().origin, keel_host::tool::ToolOrigin::Plugin { contract: "0.3.0", .. }),
+        "{:?}",
+        legacy.tool.spec().origin
+    );
+    let echo = |id: &str, text: &str| ToolUse::new(id, "legacy_echo", json!({ "text": text }));
+    let batch = vec![echo("a", "hi"), echo("b", "refuse"), echo("c", "ho")];
+    let (events, results, _) = events_of(&host, batch);
+    let plan = events.iter().find(|event| matches!(event, Event::BatchPlan { .. })).unwrap();
+    assert_eq!(
+        plan,
+        &Event::BatchPlan {
+            batches: vec![PlannedGroup {
+                concurrent: true,
+                tool_use_ids: vec!["a".into(), "b".into(), "c".into()]
+            }]
+        },
+        "its `plan` says concurrency-safe"
+    );
+    assert_eq!(
+        results,
+        vec![
+            ToolResult::ok("a", "hi (cwd: /workspace)"),
+            ToolResult::error("b", "Invalid input for legacy_echo: legacy_echo refuses this text"),
+            ToolResult::ok("c", "ho (cwd: /workspace)"),
+        ],
+        "its `check` refuses what it refuses, and the context reaches its call"
+    );
+}

@@ -1,7 +1,7 @@
 //! `echo`: hand the input text back — the smallest useful tool, and the one
 //! the benchmarks measure keel's own per-call cost with.
 
-use keel_guest::{Context, Output, Result, Tool};
+use keel_guest::{Context, Output, Plan, Result, Tool};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -20,14 +20,9 @@ impl Tool for Echo {
     type Input = Input;
     const NAME: &str = "echo";
     const DESCRIPTION: &str = "Returns `text` unchanged.";
-
-    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
-
-    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
+    const FIXED_PLAN: Option<Plan> = Some(Plan::SAFE_READ_ONLY);
+    // Any text is fine: the schema says all there is to check.
+    const CHECKS_INPUT: bool = false;
 
     fn is_destructive(_input: &Input, _cx: &Context) -> bool {
         false

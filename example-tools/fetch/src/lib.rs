@@ -12,7 +12,7 @@
 //! with the host's own reason.
 
 use keel_guest::http::{self, Response, Url};
-use keel_guest::{Context, Interrupt, Output, Result, Tool, bail};
+use keel_guest::{Context, Interrupt, Output, Plan, Result, Tool, bail};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -56,16 +56,9 @@ impl Tool for Fetch {
         page is reduced to its readable text, its title on the first line. Content that is not \
         text (images, archives) is refused. Redirects are not followed: a redirect is reported \
         with its target, to fetch next if wanted.";
+    const FIXED_PLAN: Option<Plan> = Some(Plan::SAFE_READ_ONLY);
     const SEARCH_HINT: Option<&str> = Some("fetch a web page or URL as text");
     const INTERRUPT: Interrupt = Interrupt::Cancel;
-
-    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
-
-    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
 
     fn is_destructive(_input: &Input, _cx: &Context) -> bool {
         false

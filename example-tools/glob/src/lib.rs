@@ -21,7 +21,7 @@ use std::path::{Component, Path, PathBuf};
 use std::time::SystemTime;
 
 use globset::{GlobBuilder, GlobMatcher};
-use keel_guest::{Context, Error, Output, Result, Tool, bail};
+use keel_guest::{Context, Error, Output, Plan, Result, Tool, bail};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -61,16 +61,9 @@ impl Tool for Glob {
     const DESCRIPTION: &str = "Finds files whose path matches a glob pattern such as `**/*.rs` or \
         `src/{a,b}/*.md`, under `path` (default: the working directory). Lists paths relative to the \
         working directory, most recently modified first, at most `limit` (default 100).";
+    const FIXED_PLAN: Option<Plan> = Some(Plan::SAFE_READ_ONLY);
     const SEARCH_HINT: Option<&str> = Some("find files by name pattern");
     const INTERRUPT: keel_guest::Interrupt = keel_guest::Interrupt::Cancel;
-
-    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
-
-    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
 
     fn is_destructive(_input: &Input, _cx: &Context) -> bool {
         false

@@ -19,7 +19,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 
 use globset::{Glob, GlobMatcher};
-use keel_guest::{Context, Output, Result, Tool, bail, json};
+use keel_guest::{Context, Output, Plan, Result, Tool, bail, json};
 use regex::{Regex, RegexBuilder};
 use schemars::JsonSchema;
 use serde::Deserialize;
@@ -126,16 +126,9 @@ impl Tool for Grep {
         Options: `case_insensitive`; `before`, `after` or `context` lines around each match; \
         `output_mode` `files_with_matches` or `count`; `max_matches`; a file-name `glob` and a \
         file `type` such as `rs` or `py`. Binary files are skipped.";
+    const FIXED_PLAN: Option<Plan> = Some(Plan::SAFE_READ_ONLY);
     const SEARCH_HINT: Option<&str> = Some("search file contents with a regex");
     const INTERRUPT: keel_guest::Interrupt = keel_guest::Interrupt::Cancel;
-
-    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
-
-    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
 
     fn is_search_or_read(_input: &Input, _cx: &Context) -> bool {
         true

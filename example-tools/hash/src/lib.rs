@@ -6,7 +6,7 @@
 //! repeated text of [`PROGRESS_FROM_BYTES`] or more reports its progress in
 //! MiB, at most sixteen times over the call.
 
-use keel_guest::{Context, Output, Progress, Result, Tool, bail};
+use keel_guest::{Context, Output, Plan, Progress, Result, Tool, bail};
 use schemars::JsonSchema;
 use serde::Deserialize;
 use sha2::{Digest, Sha256};
@@ -51,15 +51,8 @@ impl Tool for Hash {
     const DESCRIPTION: &str = "Computes the sha256 of a text or of a file, in hex; with `repeat`, \
         of the text repeated that many times; with `rounds`, hashes the digest again that many \
         times.";
+    const FIXED_PLAN: Option<Plan> = Some(Plan::SAFE_READ_ONLY);
     const SEARCH_HINT: Option<&str> = Some("sha256 digest of text or a file");
-
-    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
-
-    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
 
     fn activity_description(input: &Input, _cx: &Context) -> Option<String> {
         // Only a repeated text is long enough work to be worth a line.

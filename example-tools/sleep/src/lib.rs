@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use keel_guest::{Context, Interrupt, Output, Result, Tool, bail, json};
+use keel_guest::{Context, Interrupt, Output, Plan, Result, Tool, bail, json};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -29,15 +29,8 @@ impl Tool for Sleep {
     const NAME: &str = "sleep";
     const DESCRIPTION: &str = "Waits for `ms` milliseconds, in `steps` equal steps, reporting \
         progress after each step.";
+    const FIXED_PLAN: Option<Plan> = Some(Plan::SAFE_READ_ONLY);
     const INTERRUPT: Interrupt = Interrupt::Cancel;
-
-    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
-
-    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
 
     fn is_destructive(_input: &Input, _cx: &Context) -> bool {
         false

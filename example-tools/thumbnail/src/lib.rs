@@ -10,7 +10,7 @@ use std::io::Cursor;
 
 use image::imageops::FilterType;
 use image::{DynamicImage, ImageFormat, ImageReader, Limits};
-use keel_guest::{Context, Error, Image, Output, Result, Tool, bail};
+use keel_guest::{Context, Error, Image, Output, Plan, Result, Tool, bail};
 use schemars::JsonSchema;
 use serde::Deserialize;
 
@@ -54,15 +54,8 @@ impl Tool for Thumbnail {
     const DESCRIPTION: &str = "Shows an image file of the workspace (PNG, JPEG, GIF or WebP), scaled \
         down to fit `max_side` pixels (default 512) keeping its aspect ratio, with a line giving \
         its size and format.";
+    const FIXED_PLAN: Option<Plan> = Some(Plan::SAFE_READ_ONLY);
     const SEARCH_HINT: Option<&str> = Some("view an image file as a thumbnail");
-
-    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
-
-    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
 
     fn is_destructive(_input: &Input, _cx: &Context) -> bool {
         false

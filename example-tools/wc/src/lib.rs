@@ -7,7 +7,7 @@
 
 use std::io::Read;
 
-use keel_guest::{Context, Error, Output, Result, Tool, Value, bail};
+use keel_guest::{Context, Error, Output, Plan, Result, Tool, Value, bail};
 use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
@@ -42,18 +42,11 @@ impl Tool for Wc {
     const NAME: &str = "wc";
     const DESCRIPTION: &str = "Counts the lines, words and bytes of a file, as `wc` does, and \
         returns them as a JSON object.";
+    const FIXED_PLAN: Option<Plan> = Some(Plan::SAFE_READ_ONLY);
     const SEARCH_HINT: Option<&str> = Some("count lines words and bytes of a file");
 
     fn output_schema() -> Option<Value> {
         Some(keel_guest::schema_for::<Counts>())
-    }
-
-    fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
-        true
-    }
-
-    fn is_read_only(_input: &Input, _cx: &Context) -> bool {
-        true
     }
 
     fn is_destructive(_input: &Input, _cx: &Context) -> bool {

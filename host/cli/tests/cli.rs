@@ -308,5 +308,5 @@ fn list_shows_a_tools_output_schema() {
         assert!(schema["properties"][field].is_object(), "{schema}");
     }
     let origin = &wc["origin"];
-    assert_eq!(origin["contract"], "0.3.0", "{origin}");
+    assert_eq!(origin["contract"], "0.4.0", "{origin}");
 }

@@ -62,7 +62,7 @@ fn prints_metadata_schema_answers_and_the_granted_capabilities() {
         r#"echo ({plugin})
   aliases       (none)
   description   Returns `text` unchanged.
-  contract      keel:tool@0.3.0
+  contract      keel:tool@0.4.0
   size          {size} bytes
   compile       <ms> ms, loaded from the compile cache
   interrupt     block: a running call finishes
@@ -153,7 +153,7 @@ fn json_output_reports_traps_at_load_with_their_fallbacks() {
     let report: serde_json::Value =
         serde_json::from_str(&stdout(&keel(&["inspect", "--json", plugin.to_str().unwrap()], dir.path())))
             .unwrap();
-    assert_eq!(report["contract"], "0.3.0");
+    assert_eq!(report["contract"], "0.4.0");
     assert_eq!(report["tool"]["name"], "trap_load");
     assert_eq!(report["tool"]["enabled"], false);
     let at_load: Vec<(&str, &serde_json::Value, &str)> = report["at_load"]
@@ -193,14 +193,14 @@ fn errors_say_what_failed_where_and_what_to_do() {
     assert_eq!(
         stderr(&keel(&["inspect", "--no-cache", "other.wasm"], dir.path())),
         "error: failed to load plugin other.wasm: was built against keel tool contract 0.1.0, which this host \
-         does not know; it loads contracts 0.2.0 and 0.3.0: rebuild the tool with a keel-guest of one of them\n"
+         does not know; it loads contracts 0.2.0, 0.3.0 and 0.4.0: rebuild the tool with a keel-guest of one of them\n"
     );
 
     let legacy = keel_tests::guest("keel_guest_legacy");
     let report = stdout(&keel(&["inspect", legacy.to_str().unwrap()], dir.path()));
     assert!(
         report.contains(
-            "  contract      keel:tool@0.2.0 (older than 0.3.0: its questions do not see the context)\n"
+            "  contract      keel:tool@0.2.0 (older than 0.4.0: its questions do not see the context)\n"
         ),
         "{report}"
     );

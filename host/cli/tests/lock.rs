@@ -66,8 +66,8 @@ fn keel_lock_records_name_source_digest_and_contract_of_every_plugin() {
         lock,
         format!(
             "# Written by `keel lock`: the plugins this project runs, pinned by digest.\nversion = 1\n\n\
-             [[plugin]]\nname = \"echo\"\nsource = \"tools/keel_tool_echo.wasm\"\nsha256 = \"{echo}\"\ncontract = \"0.3.0\"\n\n\
-             [[plugin]]\nname = \"grep\"\nsource = \"tools/keel_tool_grep.wasm\"\nsha256 = \"{grep}\"\ncontract = \"0.3.0\"\n"
+             [[plugin]]\nname = \"echo\"\nsource = \"tools/keel_tool_echo.wasm\"\nsha256 = \"{echo}\"\ncontract = \"0.4.0\"\n\n\
+             [[plugin]]\nname = \"grep\"\nsource = \"tools/keel_tool_grep.wasm\"\nsha256 = \"{grep}\"\ncontract = \"0.4.0\"\n"
         )
     );
     assert_eq!(

@@ -39,6 +39,18 @@ pub mod v0_3 {
     });
 }
 
+/// Contract 0.4.0: a tool may fix its plan, and say that its check never
+/// refuses, once at load. Its types are 0.3.0's, unchanged.
+pub mod v0_4 {
+    wasmtime::component::bindgen!({
+        path: "../wit/v0.4.0",
+        world: "keel:tool/tool",
+        imports: { default: async },
+        exports: { default: async },
+        with: { "keel:tool/types@0.4.0": super::v0_3::keel::tool::types },
+    });
+}
+
 pub use self::v0_3::exports::keel::tool::guest::ToolMetadata;
 pub use self::v0_3::keel::tool::types::{
     CallOutput, CallPlan, ContentBlock, InterruptBehavior, LogLevel, PermissionDecision,
@@ -51,6 +63,8 @@ pub enum Version {
     V0_2,
     /// `keel:tool@0.3.0`.
     V0_3,
+    /// `keel:tool@0.4.0`.
+    V0_4,
 }
 
 impl Version {
@@ -59,12 +73,13 @@ impl Version {
         match self {
             Version::V0_2 => "0.2.0",
             Version::V0_3 => "0.3.0",
+            Version::V0_4 => "0.4.0",
         }
     }
 
     /// Every version, oldest first: `contract::SUPPORTED_CONTRACT_VERSIONS`,
     /// as the test below holds it.
-    pub const ALL: [Version; 2] = [Version::V0_2, Version::V0_3];
+    pub const ALL: [Version; 3] = [Version::V0_2, Version::V0_3, Version::V0_4];
 
     /// The version of `number`, if the host loads it.
     pub fn from_number(number: &str) -> Option<Self> {
@@ -76,22 +91,24 @@ impl Version {
 pub enum GuestPre<T: 'static> {
     /// A 0.2.0 component.
     V0_2(Box<v0_2::ToolPre<T>>),
-    /// A 0.3.0 component.
-    V0_3(PreV0_3<T>),
+    /// A component of 0.3.0 or later.
+    Indexed(IndexedPre<T>),
 }
 
-/// A 0.3.0 component linked, with where each export of its guest interface
-/// is. An instance looks up only the exports it is asked, where the
-/// bindings' `ToolPre` would look up and type-check all fifteen with every
-/// instance (a fresh one per call).
-pub struct PreV0_3<T: 'static> {
+/// A component of 0.3.0 or later linked, with where each export of its
+/// guest interface is. An instance looks up only the exports it is asked,
+/// where the bindings' `ToolPre` would look up and type-check all of them
+/// with every instance (a fresh one per call).
+pub struct IndexedPre<T: 'static> {
     pre: InstancePre<T>,
-    exports: Arc<ExportsV0_3>,
+    exports: Arc<Exports>,
 }
 
-/// Where each function of the 0.3.0 guest interface is in one component,
-/// and whether their types were checked.
-struct ExportsV0_3 {
+/// Where each function of the guest interface (0.3.0 or later) is in one
+/// component, and whether their types were checked.
+struct Exports {
+    /// The contract version whose interface they are.
+    version: Version,
     metadata: ComponentExportIndex,
     is_enabled: ComponentExportIndex,
     max_result_size: ComponentExportIndex,
@@ -106,14 +123,17 @@ struct ExportsV0_3 {
     is_open_world: ComponentExportIndex,
     is_search_or_read: ComponentExportIndex,
     call: ComponentExportIndex,
+    /// `fixed-plan` and `checks-input`, since 0.4.0.
+    fixed: Option<(ComponentExportIndex, ComponentExportIndex)>,
     /// Set once every function's type was checked against the bindings',
-    /// in the component's first instance: what makes `LiveV0_3::call` sound.
+    /// in the component's first instance: what makes `IndexedGuest::call`
+    /// sound.
     typed: OnceLock<()>,
 }
 
-impl ExportsV0_3 {
-    fn new(component: &Component) -> wasmtime::Result<Self> {
-        let interface_name = format!("{GUEST_INTERFACE}@{}", Version::V0_3.as_str());
+impl Exports {
+    fn new(component: &Component, version: Version) -> wasmtime::Result<Self> {
+        let interface_name = format!("{GUEST_INTERFACE}@{}", version.as_str());
         let interface = component
             .get_export_index(None, &interface_name)
             .ok_or_else(|| wasmtime::format_err!("no exported instance named `{interface_name}`"))?;
@@ -125,7 +145,12 @@ impl ExportsV0_3 {
         // `user-facing-name` is part of the interface but never asked: the
         // name shown comes from `metadata`.
         lookup("user-facing-name")?;
-        Ok(ExportsV0_3 {
+        let fixed = match version {
+            Version::V0_2 | Version::V0_3 => None,
+            Version::V0_4 => Some((lookup("fixed-plan")?, lookup("checks-input")?)),
+        };
+        Ok(Exports {
+            version,
             metadata: lookup("metadata")?,
             is_enabled: lookup("is-enabled")?,
             max_result_size: lookup("max-result-size")?,
@@ -140,6 +165,7 @@ impl ExportsV0_3 {
             is_open_world: lookup("is-open-world")?,
             is_search_or_read: lookup("is-search-or-read")?,
             call: lookup("call")?,
+            fixed,
             typed: OnceLock::new(),
         })
     }
@@ -150,9 +176,9 @@ impl<T: Send + 'static> GuestPre<T> {
     pub fn new(version: Version, pre: InstancePre<T>) -> wasmtime::Result<Self> {
         Ok(match version {
             Version::V0_2 => GuestPre::V0_2(Box::new(v0_2::ToolPre::new(pre)?)),
-            Version::V0_3 => {
-                let exports = Arc::new(ExportsV0_3::new(pre.component())?);
-                GuestPre::V0_3(PreV0_3 { pre, exports })
+            Version::V0_3 | Version::V0_4 => {
+                let exports = Arc::new(Exports::new(pre.component(), version)?);
+                GuestPre::Indexed(IndexedPre { pre, exports })
             }
         })
     }
@@ -161,7 +187,7 @@ impl<T: Send + 'static> GuestPre<T> {
     pub fn engine(&self) -> &wasmtime::Engine {
         match self {
             GuestPre::V0_2(pre) => pre.engine(),
-            GuestPre::V0_3(pre) => pre.pre.engine(),
+            GuestPre::Indexed(pre) => pre.pre.engine(),
         }
     }
 
@@ -169,7 +195,7 @@ impl<T: Send + 'static> GuestPre<T> {
     pub fn version(&self) -> Version {
         match self {
             GuestPre::V0_2(_) => Version::V0_2,
-            GuestPre::V0_3(_) => Version::V0_3,
+            GuestPre::Indexed(pre) => pre.exports.version,
         }
     }
 
@@ -177,15 +203,23 @@ impl<T: Send + 'static> GuestPre<T> {
     pub async fn instantiate_async(&self, mut store: impl AsContextMut<Data = T>) -> wasmtime::Result<Guest> {
         Ok(match self {
             GuestPre::V0_2(pre) => Guest::V0_2(Box::new(pre.instantiate_async(store).await?)),
-            GuestPre::V0_3(PreV0_3 { pre, exports }) => {
+            GuestPre::Indexed(IndexedPre { pre, exports }) => {
                 let instance = pre.instantiate_async(&mut store).await?;
                 if exports.typed.get().is_none() {
                     // As the bindings would with every instance: a function
-                    // of the wrong type fails here, at the plugin's load.
-                    v0_3::ToolIndices::new(pre)?.load(&mut store, &instance)?;
+                    // of the wrong type fails here, in the component's first
+                    // instance.
+                    match exports.version {
+                        Version::V0_4 => {
+                            v0_4::ToolIndices::new(pre)?.load(&mut store, &instance)?;
+                        }
+                        Version::V0_2 | Version::V0_3 => {
+                            v0_3::ToolIndices::new(pre)?.load(&mut store, &instance)?;
+                        }
+                    }
                     let _ = exports.typed.set(());
                 }
-                Guest::V0_3(LiveV0_3 { instance, exports: exports.clone() })
+                Guest::Indexed(IndexedGuest { instance, exports: exports.clone() })
             }
         })
     }
@@ -195,24 +229,25 @@ impl<T: Send + 'static> GuestPre<T> {
 pub enum Guest {
     /// A 0.2.0 instance.
     V0_2(Box<v0_2::Tool>),
-    /// A 0.3.0 instance.
-    V0_3(LiveV0_3),
+    /// An instance of 0.3.0 or later.
+    Indexed(IndexedGuest),
 }
 
-/// A live 0.3.0 instance and where its component's functions are. Made only
-/// by [`GuestPre::instantiate_async`], once the types were checked.
-pub struct LiveV0_3 {
+/// A live instance of 0.3.0 or later and where its component's functions
+/// are. Made only by [`GuestPre::instantiate_async`], once the types were
+/// checked.
+pub struct IndexedGuest {
     instance: Instance,
-    exports: Arc<ExportsV0_3>,
+    exports: Arc<Exports>,
 }
 
-impl LiveV0_3 {
+impl IndexedGuest {
     /// Call the function `export` picks of the interface, and give its one
     /// result.
     async fn call<S, P, A>(
         &self,
         mut store: S,
-        export: fn(&ExportsV0_3) -> &ComponentExportIndex,
+        export: fn(&Exports) -> &ComponentExportIndex,
         params: P,
     ) -> wasmtime::Result<A>
     where
@@ -226,7 +261,7 @@ impl LiveV0_3 {
             .ok_or_else(|| wasmtime::format_err!("failed to find function export"))?;
         // SAFETY: every function of the interface had its type checked
         // against these bindings' in this component's first instance
-        // (`typed` is set only then, and a `LiveV0_3` is made only after),
+        // (`typed` is set only then, and an `IndexedGuest` is made only after),
         // and a component's export types are the same in every instance.
         let func = unsafe { TypedFunc::<P, (A,)>::new_unchecked(func) };
         let (answer,) = func.call_async(&mut store, params).await?;
@@ -245,7 +280,7 @@ macro_rules! per_input {
         {
             match self {
                 Guest::V0_2(tool) => tool.keel_tool_guest().$call(store, input).await.map($v2),
-                Guest::V0_3(live) => live.call(store, |exports| &exports.$name, (input, context)).await,
+                Guest::Indexed(live) => live.call(store, |exports| &exports.$name, (input, context)).await,
             }
         }
     )*};
@@ -256,7 +291,7 @@ impl Guest {
     pub async fn metadata<S: AsContextMut<Data: Send>>(&self, store: S) -> wasmtime::Result<ToolMetadata> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_metadata(store).await.map(metadata_of_v0_2),
-            Guest::V0_3(live) => live.call(store, |exports| &exports.metadata, ()).await,
+            Guest::Indexed(live) => live.call(store, |exports| &exports.metadata, ()).await,
         }
     }
 
@@ -264,7 +299,7 @@ impl Guest {
     pub async fn is_enabled<S: AsContextMut<Data: Send>>(&self, store: S) -> wasmtime::Result<bool> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_is_enabled(store).await,
-            Guest::V0_3(live) => live.call(store, |exports| &exports.is_enabled, ()).await,
+            Guest::Indexed(live) => live.call(store, |exports| &exports.is_enabled, ()).await,
         }
     }
 
@@ -275,7 +310,7 @@ impl Guest {
     ) -> wasmtime::Result<Option<u64>> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_max_result_size(store).await,
-            Guest::V0_3(live) => live.call(store, |exports| &exports.max_result_size, ()).await,
+            Guest::Indexed(live) => live.call(store, |exports| &exports.max_result_size, ()).await,
         }
     }
 
@@ -286,7 +321,7 @@ impl Guest {
     ) -> wasmtime::Result<bool> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_requires_user_interaction(store).await,
-            Guest::V0_3(live) => live.call(store, |exports| &exports.requires_user_interaction, ()).await,
+            Guest::Indexed(live) => live.call(store, |exports| &exports.requires_user_interaction, ()).await,
         }
     }
 
@@ -299,7 +334,31 @@ impl Guest {
     ) -> wasmtime::Result<bool> {
         match self {
             Guest::V0_2(tool) => tool.keel_tool_guest().call_inputs_equivalent(store, a, b).await,
-            Guest::V0_3(live) => live.call(store, |exports| &exports.inputs_equivalent, (a, b)).await,
+            Guest::Indexed(live) => live.call(store, |exports| &exports.inputs_equivalent, (a, b)).await,
+        }
+    }
+
+    /// `fixed-plan`: none before 0.4.0, whose tools are asked `plan` per call.
+    pub async fn fixed_plan<S: AsContextMut<Data: Send>>(
+        &self,
+        store: S,
+    ) -> wasmtime::Result<Option<CallPlan>> {
+        match self {
+            Guest::Indexed(live) if live.exports.fixed.is_some() => {
+                live.call(store, |exports| &exports.fixed.as_ref().expect("checked above").0, ()).await
+            }
+            _ => Ok(None),
+        }
+    }
+
+    /// `checks-input`: true before 0.4.0, whose tools are asked `check` per
+    /// call.
+    pub async fn checks_input<S: AsContextMut<Data: Send>>(&self, store: S) -> wasmtime::Result<bool> {
+        match self {
+            Guest::Indexed(live) if live.exports.fixed.is_some() => {
+                live.call(store, |exports| &exports.fixed.as_ref().expect("checked above").1, ()).await
+            }
+            _ => Ok(true),
         }
     }
 
@@ -344,7 +403,7 @@ impl Guest {
                     context_modifier: output.context_modifier,
                 }))
             }
-            Guest::V0_3(live) => live.call(store, |exports| &exports.call, (input, context)).await,
+            Guest::Indexed(live) => live.call(store, |exports| &exports.call, (input, context)).await,
         }
     }
 }

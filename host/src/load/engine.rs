@@ -14,7 +14,7 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 
 use crate::error::{Error, Result};
 use crate::limits::Limits;
-use crate::load::bindings::{v0_2, v0_3};
+use crate::load::bindings::{v0_2, v0_3, v0_4};
 use crate::load::lock::{Pins, is_sha256_hex, sha256_hex};
 use crate::load::sandbox::{EPOCH_TICK, SandboxState, SharedPreopens, root_cause};
 
@@ -112,6 +112,9 @@ impl Runtime {
         })
         .and_then(|()| {
             v0_3::Tool::add_to_linker::<_, wasmtime::component::HasSelf<SandboxState>>(&mut linker, |s| s)
+        })
+        .and_then(|()| {
+            v0_4::Tool::add_to_linker::<_, wasmtime::component::HasSelf<SandboxState>>(&mut linker, |s| s)
         })
         .map_err(|error| Error::Engine(format!("failed to link host imports: {error:#}")))?;
 

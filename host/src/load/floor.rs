@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use wasmtime::Store;
 
-use super::bindings::{ContentBlock, GuestPre, Version};
+use super::bindings::{ContentBlock, GuestPre};
 use super::engine::{RACY_WINDOW, Runtime};
 use super::grants::PluginGrant;
 use super::sandbox::{Mounts, SandboxState};
@@ -47,11 +47,7 @@ impl Floor {
     fn on(runtime: Runtime, path: &Path, mounts: Option<Arc<Mounts>>) -> Result<Self> {
         let bytes = std::fs::read(path).map_err(|error| Error::io("read", path, error))?;
         let compiled = runtime.compile(path, &bytes)?;
-        let pre = runtime
-            .linker()
-            .instantiate_pre(&compiled.component)
-            .and_then(|pre| GuestPre::new(Version::V0_3, pre))
-            .map_err(|error| Error::plugin(path, format!("{error:#}")))?;
+        let pre = super::plugin::link(&runtime, path, &compiled.component)?;
         Ok(Floor { pre, mounts, _runtime: runtime })
     }
 

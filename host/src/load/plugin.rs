@@ -13,6 +13,7 @@ use wasmtime::component::types::ComponentItem;
 use crate::content::{ContentBlock, Image};
 use crate::contract::{
     DEFAULT_MAX_RESULT_SIZE_CHARS, GUEST_INTERFACE, SUPPORTED_CONTRACT_VERSIONS, WORKSPACE_MOUNT,
+    supported_versions,
 };
 use crate::error::{Error, Result};
 use crate::limits::{BatchFuel, LimitKind, Limits, Usage, units};
@@ -127,9 +128,28 @@ struct Shared {
     name: Arc<str>,
     /// The contract version the component was built against.
     contract: Version,
+    /// What the tool said at load holds for every call.
+    fixed: Fixed,
     limits: Limits,
     grant: PluginGrant,
     mounts: Arc<Mounts>,
+}
+
+/// Answers a tool gives once, at load, for every call (since 0.4.0): each
+/// spares the export it answers on every call.
+#[derive(Clone, Copy, Serialize, Deserialize)]
+struct Fixed {
+    /// The plan of every call: `plan` is not asked when set.
+    plan: Option<bindings::CallPlan>,
+    /// Whether `check` may refuse, rewrite or ask: when false, it is not
+    /// asked and every input that passed the schema is allowed by the tool.
+    checks_input: bool,
+}
+
+impl Fixed {
+    /// What a tool that says nothing gets, and a tool whose answer trapped:
+    /// every question asked of every call.
+    const NONE: Fixed = Fixed { plan: None, checks_input: true };
 }
 
 /// A plugin's code, left unloaded at start: the file it was in and the
@@ -177,6 +197,7 @@ struct LoadAnswers {
     enabled: bool,
     max_result_size: Option<u64>,
     requires_user_interaction: bool,
+    fixed: Fixed,
 }
 
 impl LoadAnswers {
@@ -298,6 +319,7 @@ impl PluginTool {
             path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());
         let mut shared = Shared {
             contract: pre.version(),
+            fixed: Fixed::NONE,
             code: tokio::sync::OnceCell::new_with(Some(pre)),
             deferred: None,
             name: file_name.into(),
@@ -335,7 +357,7 @@ impl PluginTool {
         // Failures below are the load's to report, in its words.
         let mounts = Mounts::open(&grant).ok()?;
         let name: Arc<str> = answers.metadata.name.as_str().into();
-        let contract = answers.contract;
+        let (contract, fixed) = (answers.contract, answers.fixed);
         let spec = answers.into_spec(path, &grant).ok()?;
         let size = identity.size;
         let deferred = Deferred { runtime: runtime.clone(), path: path.to_path_buf(), identity };
@@ -344,6 +366,7 @@ impl PluginTool {
             deferred: Some(deferred),
             name,
             contract,
+            fixed,
             limits: *limits,
             grant,
             mounts: Arc::new(mounts),
@@ -361,7 +384,7 @@ impl PluginTool {
 
 /// Check that `component` speaks a contract version this host loads, and
 /// link it for that version.
-fn link(
+pub(crate) fn link(
     runtime: &Runtime,
     path: &Path,
     component: &wasmtime::component::Component,
@@ -410,7 +433,7 @@ fn check_contract(
     if let Some(version) = versions.iter().rev().find_map(|number| Version::from_number(number)) {
         return Ok(version);
     }
-    let supported = SUPPORTED_CONTRACT_VERSIONS.join(" and ");
+    let supported = supported_versions();
     if let Some(other) = versions.first() {
         return Err(Error::plugin(
             path,
@@ -467,14 +490,23 @@ async fn read_spec(
         ask!(questions, "requires-user-interaction", false, fell_back, |guest, store| {
             guest.requires_user_interaction(store)
         });
-    let grant = &questions.shared.grant;
+    let fixed = Fixed {
+        plan: ask!(questions, "fixed-plan", Fixed::NONE.plan, fell_back, |guest, store| guest
+            .fixed_plan(store)),
+        checks_input: ask!(questions, "checks-input", Fixed::NONE.checks_input, fell_back, |guest, store| {
+            guest.checks_input(store)
+        }),
+    };
+    shared.fixed = fixed;
+    let grant = &shared.grant;
     let answers = LoadAnswers {
-        contract: questions.shared.contract,
+        contract: shared.contract,
         metadata,
         env: LoadAnswers::env_digest(&grant.env),
         enabled,
         max_result_size,
         requires_user_interaction,
+        fixed,
     };
     let kept = (!fell_back).then(|| answers.clone());
     Ok((answers.into_spec(path, grant)?, kept))
@@ -687,7 +719,8 @@ impl PluginInvocation {
     /// sandbox with no filesystem, means no guest code has seen a directory
     /// before the grant is fixed.
     async fn plan(&mut self) -> bindings::CallPlan {
-        if let Some(plan) = self.plan {
+        if let Some(plan) = self.plan.or(self.shared.fixed.plan) {
+            self.plan = Some(plan);
             return plan;
         }
         let shared = &*self.shared;
@@ -789,6 +822,9 @@ impl PluginInvocation {
     async fn check(&mut self) -> Result<PermissionDecision, String> {
         if let Some(checked) = &self.checked {
             return checked.clone();
+        }
+        if !self.shared.fixed.checks_input {
+            return Ok(PermissionDecision::Allow(None));
         }
         let checked = match query_input!(self, "check", |g, s, i, c| g.check(s, i, c)) {
             Err(error) => Err(refusal("the tool's input check", &error)),

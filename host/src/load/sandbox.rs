@@ -41,7 +41,7 @@ use wasmtime_wasi_io::bytes::Bytes;
 
 use crate::contract::WORKSPACE_MOUNT;
 use crate::limits::{LimitKind, Limits, human_bytes, units};
-use crate::load::bindings::{Guest, GuestPre, LogLevel, log_level_of_v0_2, v0_2, v0_3};
+use crate::load::bindings::{Guest, GuestPre, LogLevel, log_level_of_v0_2, v0_2, v0_3, v0_4};
 use crate::load::egress::{Egress, Scrubber};
 use crate::load::grants::{Access, PluginGrant};
 use crate::tool::{CallError, LogSink, ProgressSink, RefusalSink};
@@ -258,6 +258,17 @@ impl v0_2::keel::tool::host::Host for SandboxState {
 
     async fn log(&mut self, level: v0_2::keel::tool::types::LogLevel, message: String) {
         v0_3::keel::tool::host::Host::log(self, log_level_of_v0_2(level), message).await;
+    }
+}
+
+/// A 0.4.0 guest's host imports: the same as 0.3.0's, whose types they share.
+impl v0_4::keel::tool::host::Host for SandboxState {
+    async fn progress(&mut self, data: String) {
+        v0_3::keel::tool::host::Host::progress(self, data).await;
+    }
+
+    async fn log(&mut self, level: LogLevel, message: String) {
+        v0_3::keel::tool::host::Host::log(self, level, message).await;
     }
 }
 

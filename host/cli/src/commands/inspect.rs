@@ -292,10 +292,10 @@ impl Report {
             field("shown as", &spec.user_facing_name);
         }
         let contract = self.contract();
-        let newest = if contract == CONTRACT_VERSION {
-            String::new()
-        } else {
-            format!(" (older than {CONTRACT_VERSION}: its questions do not see the context)")
+        let newest = match contract {
+            newest if newest == CONTRACT_VERSION => String::new(),
+            "0.2.0" => format!(" (older than {CONTRACT_VERSION}: its questions do not see the context)"),
+            _ => format!(" (older than {CONTRACT_VERSION}: asked its plan and check on every call)"),
         };
         field("contract", &format!("keel:tool@{contract}{newest}"));
         field("size", &format!("{} bytes", group(report.size)));

@@ -171,6 +171,14 @@ impl Guest for Hostile {
         false
     }
 
+    fn fixed_plan() -> Option<CallPlan> {
+        None
+    }
+
+    fn checks_input() -> bool {
+        true
+    }
+
     fn inputs_equivalent(a: String, b: String) -> bool {
         a == b
     }

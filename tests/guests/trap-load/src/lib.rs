@@ -1,6 +1,7 @@
 //! `trap_load`: a hostile test guest whose input-independent exports, the
-//! ones the host asks once at load, all misbehave: `is-enabled` and
-//! `max-result-size` trap, `requires-user-interaction` spins forever. The
+//! ones the host asks once at load, all misbehave: `is-enabled`,
+//! `max-result-size`, `fixed-plan` and `checks-input` trap,
+//! `requires-user-interaction` spins forever. The
 //! host must load it with the fallback answers (and leave it out of the pool,
 //! since `is-enabled` falls back to false), and carry on.
 //!
@@ -44,6 +45,14 @@ impl Guest for TrapLoad {
 
     fn max_result_size() -> Option<u64> {
         panic!("trap_load: trapping in max-result-size")
+    }
+
+    fn fixed_plan() -> Option<CallPlan> {
+        panic!("trap_load: trapping in fixed-plan")
+    }
+
+    fn checks_input() -> bool {
+        panic!("trap_load: trapping in checks-input")
     }
 
     fn requires_user_interaction() -> bool {
