@@ -491,8 +491,9 @@ async fn read_spec(
             guest.requires_user_interaction(store)
         });
     let fixed = Fixed {
-        plan: ask!(questions, "fixed-plan", Fixed::NONE.plan, fell_back, |guest, store| guest
-            .fixed_plan(store)),
+        plan: ask!(questions, "fixed-plan", Fixed::NONE.plan, fell_back, |guest, store| {
+            guest.fixed_plan(store)
+        }),
         checks_input: ask!(questions, "checks-input", Fixed::NONE.checks_input, fell_back, |guest, store| {
             guest.checks_input(store)
         }),
@@ -684,9 +685,10 @@ impl Tool for PluginTool {
 }
 
 /// One call of a plugin. `plan` is asked first, in a sandbox with no
-/// filesystem; the other questions then share one read-only sandbox while
-/// nothing traps. The call reuses it when it is read-only, and gets a fresh
-/// sandbox with write access when it is not.
+/// filesystem, unless the tool fixed it at load; the other questions then
+/// share one read-only sandbox while nothing traps. The call reuses it when
+/// it is read-only, and gets a fresh sandbox with write access when it is
+/// not (or when no question was asked).
 struct PluginInvocation {
     shared: Arc<Shared>,
     input: Value,
@@ -715,9 +717,10 @@ const CONSERVATIVE_PLAN: bindings::CallPlan =
     bindings::CallPlan { concurrency_safe: false, read_only: false };
 
 impl PluginInvocation {
-    /// The call's plan, and with it its grant. Asking `plan` first, in a
-    /// sandbox with no filesystem, means no guest code has seen a directory
-    /// before the grant is fixed.
+    /// The call's plan, and with it its grant: the one the tool fixed at
+    /// load, else its answer to `plan`. Asking `plan` first, in a sandbox with
+    /// no filesystem, means no guest code has seen a directory before the
+    /// grant is fixed.
     async fn plan(&mut self) -> bindings::CallPlan {
         if let Some(plan) = self.plan.or(self.shared.fixed.plan) {
             self.plan = Some(plan);
@@ -818,7 +821,8 @@ fn refusal(what: &str, error: &CallError) -> String {
 
 impl PluginInvocation {
     /// The tool's validation and permission decision for the current input,
-    /// asked once.
+    /// asked once; allowed as it is, unasked, when the tool said at load that
+    /// it checks no input.
     async fn check(&mut self) -> Result<PermissionDecision, String> {
         if let Some(checked) = &self.checked {
             return checked.clone();
