@@ -197,12 +197,13 @@ fn sigterm_answers_the_http_call_in_flight_before_the_server_exits() {
 fn sigint_answers_the_stdio_call_in_flight_before_the_server_exits() {
     let workspace = tempfile::tempdir().unwrap();
     let (mut child, mut stdin, mut stdout) = stdio_session(workspace.path(), "sleep", &[], Stdio::piped());
-    // A call of a minute, reporting progress every 50 ms: the first report
-    // says it runs.
+    // A call of a minute, reporting progress every millisecond: the first
+    // report says it runs, and when the signal comes a report is most likely
+    // on its way, which a stopped session no longer sends.
     send(
         &mut stdin,
         &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-        "name": "sleep", "arguments": { "ms": 60000, "steps": 1200 },
+        "name": "sleep", "arguments": { "ms": 60000, "steps": 60000 },
         "_meta": { "progressToken": "p" } } }),
     );
     first(&mut stdout, "a progress report", |message| message["method"] == "notifications/progress");

@@ -404,10 +404,10 @@ impl Server {
             meter.finish(&result, stopped());
         }
         if let Some(progress) = progress {
-            progress.finish().await;
+            progress.finish(&self.stopping).await;
         }
         if let Some((log, _)) = log {
-            log.finish().await;
+            log.finish(&self.stopping).await;
         }
         result
     }

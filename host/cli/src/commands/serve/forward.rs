@@ -15,6 +15,7 @@ use rmcp::model::{ProgressNotificationParam, ProgressToken};
 use rmcp::{Peer, RoleServer};
 use serde_json::Value;
 use tokio::sync::mpsc;
+use tokio_util::sync::CancellationToken;
 
 /// What a forwarder's task does with the reports it is sent.
 type Drain<T> =
@@ -57,15 +58,22 @@ impl<T: Send + 'static> Forwarder<T> {
     }
 
     /// Send on what is still queued, then stop: the call's result goes out
-    /// after its last report.
-    pub async fn finish(&self) {
+    /// after its last report. Once the server is `stopping`, what is queued
+    /// is dropped instead: a stopped session sends no more notifications,
+    /// and a report waiting for one would hold back the call's reply until
+    /// the session gave up on it.
+    pub async fn finish(&self, stopping: &CancellationToken) {
         let state = std::mem::replace(
             &mut *self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner),
             State::Done,
         );
-        if let State::Running(sender, task) = state {
+        if let State::Running(sender, mut task) = state {
             drop(sender);
-            let _ = task.await;
+            tokio::select! {
+                biased;
+                _ = &mut task => {}
+                () = stopping.cancelled() => task.abort(),
+            }
         }
     }
 }
