@@ -6,7 +6,7 @@
 //! as its default, so an implementation only states what it knows.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, LazyLock};
 
 use async_trait::async_trait;
 use serde::Serialize;
@@ -252,14 +252,14 @@ impl CallContext {
         CallContext::shared(Arc::new(context))
     }
 
-    /// [`CallContext::new`] with a context already shared.
+    /// [`CallContext::new`] with a context already shared. The sinks that
+    /// drop everything are made once and shared: a call that reports to
+    /// nobody allocates none.
     pub fn shared(context: Arc<Value>) -> Self {
-        CallContext {
-            context,
-            progress: Arc::new(|_| {}),
-            refused: Arc::new(|_| {}),
-            log: Arc::new(|_, _| {}),
-        }
+        static DROPPED: LazyLock<(ProgressSink, RefusalSink, LogSink)> =
+            LazyLock::new(|| (Arc::new(|_| {}), Arc::new(|_| {}), Arc::new(|_, _| {})));
+        let (progress, refused, log) = &*DROPPED;
+        CallContext { context, progress: progress.clone(), refused: refused.clone(), log: log.clone() }
     }
 
     /// This context, sending progress reports to `sink`.
@@ -316,6 +316,14 @@ pub trait Invocation: Send {
 
     /// Irreversible. Default: true.
     async fn is_destructive(&mut self) -> bool {
+        true
+    }
+
+    /// Whether [`Invocation::validate_input`] and
+    /// [`Invocation::check_permissions`] may answer anything but "valid" and
+    /// "allow as is". When this says `false`, the host asks neither.
+    /// Default: true.
+    fn checks_input(&self) -> bool {
         true
     }
 

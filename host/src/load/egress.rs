@@ -19,8 +19,8 @@
 
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -70,7 +70,8 @@ pub(crate) struct Egress {
     closed: Option<&'static str>,
     /// The call's deadline: no wait outlasts it.
     pub(crate) deadline: Instant,
-    usage: Arc<Usage>,
+    /// Made with the first request: most sandboxes never send one.
+    usage: OnceLock<Arc<Usage>>,
     refused: Option<RefusalSink>,
 }
 
@@ -86,12 +87,7 @@ impl Egress {
         deadline: Instant,
     ) -> Self {
         Egress {
-            usage: Arc::new(Usage {
-                requests: AtomicUsize::new(0),
-                sent: AtomicUsize::new(0),
-                received: AtomicUsize::new(0),
-                connections: Arc::new(Semaphore::new(limits.network_connections)),
-            }),
+            usage: OnceLock::new(),
             grant,
             limits: *limits,
             plugin,
@@ -99,6 +95,18 @@ impl Egress {
             deadline,
             refused: None,
         }
+    }
+
+    /// What this sandbox's requests have used of the limits.
+    fn usage(&self) -> &Arc<Usage> {
+        self.usage.get_or_init(|| {
+            Arc::new(Usage {
+                requests: AtomicUsize::new(0),
+                sent: AtomicUsize::new(0),
+                received: AtomicUsize::new(0),
+                connections: Arc::new(Semaphore::new(self.limits.network_connections)),
+            })
+        })
     }
 
     /// Open the network for the call, when the plugin has a grant and the
@@ -131,12 +139,12 @@ impl Egress {
         }
         let (target, rule) = check(&self.grant, request)?;
         tracing::trace!(plugin = &*self.plugin, %rule, "network request admitted");
-        let used = self.usage.requests.fetch_add(1, Ordering::Relaxed);
+        let used = self.usage().requests.fetch_add(1, Ordering::Relaxed);
         if used >= self.limits.network_requests {
             return Err(limit_hit(&self.limits, LimitKind::NetworkRequests));
         }
         let permit = self
-            .usage
+            .usage()
             .connections
             .clone()
             .try_acquire_owned()
@@ -229,7 +237,7 @@ impl WasiHttpHooks for Egress {
         let trip = Trip {
             grant: self.grant.clone(),
             limits: self.limits,
-            usage: self.usage.clone(),
+            usage: self.usage().clone(),
             deadline: self.deadline,
             plugin: self.plugin.clone(),
             refused: self.refused.clone(),

@@ -883,6 +883,10 @@ impl Invocation for PluginInvocation {
         ask_input!(self, "is-destructive", true, |g, s, i, c| g.is_destructive(s, i, c))
     }
 
+    fn checks_input(&self) -> bool {
+        self.shared.fixed.checks_input
+    }
+
     async fn validate_input(&mut self) -> Result<(), String> {
         self.check().await.map(|_| ())
     }

@@ -197,7 +197,12 @@ impl Steps<'_> {
     /// Run `step`, timed and inside a span of its own.
     pub(crate) async fn time<T>(&mut self, step: Step, work: impl Future<Output = T>) -> T {
         let started = self.recorder.start();
-        let output = work.instrument(step_span(self.span, step)).await;
+        // A call nobody traces has no step spans to enter on every poll.
+        let output = if self.span.is_disabled() {
+            work.await
+        } else {
+            work.instrument(step_span(self.span, step)).await
+        };
         self.recorder.record(step, started);
         output
     }
@@ -233,19 +238,24 @@ async fn run_steps(
 ) -> Result<(ToolResult, Option<Value>), (Outcome, String)> {
     let spec = entry.tool.spec();
     let name = &spec.name;
-    let decision = steps
-        .time(Step::Questions, async {
-            // The questions below see the context the call runs with,
-            // whoever started it.
-            if !same_context(context, &cx.context) {
-                invocation.set_context(cx.context.clone());
-            }
-            if let Err(reason) = invocation.validate_input().await {
-                return Err((Outcome::Invalid, format!("Invalid input for {name}: {reason}")));
-            }
-            Ok(invocation.check_permissions().await)
-        })
-        .await?;
+    // The questions below see the context the call runs with, whoever
+    // started it.
+    if !same_context(context, &cx.context) {
+        invocation.set_context(cx.context.clone());
+    }
+    // A tool that checks no input is not asked to.
+    let decision = if invocation.checks_input() {
+        steps
+            .time(Step::Questions, async {
+                if let Err(reason) = invocation.validate_input().await {
+                    return Err((Outcome::Invalid, format!("Invalid input for {name}: {reason}")));
+                }
+                Ok(invocation.check_permissions().await)
+            })
+            .await?
+    } else {
+        PermissionDecision::Allow(None)
+    };
     let tool_asks = match decision {
         PermissionDecision::Allow(None) => None,
         PermissionDecision::Allow(Some(updated)) => {
@@ -270,7 +280,10 @@ async fn run_steps(
         .time(Step::Call, async {
             match spec.interrupt {
                 InterruptBehavior::Block => Some(call.await),
+                // The call first: most finish in their first poll, before
+                // the interrupt needs a waiter.
                 InterruptBehavior::Cancel => tokio::select! {
+                    biased;
                     outcome = call => Some(outcome),
                     () = interrupt.interrupted() => None,
                 },

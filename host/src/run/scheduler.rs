@@ -706,6 +706,10 @@ async fn run_one(
         tool: call.name().to_owned(),
         activity,
     });
+    // Nobody reads what the tool reports: it goes nowhere, at no cost.
+    if !events.reads_reports() {
+        return Ok(call.run(pool, CallContext::shared(context), interrupt).await);
+    }
     let (progress_events, progress_id) = (events.clone(), id.clone());
     let (refusal_events, refusal_id) = (events.clone(), id.clone());
     let (log_events, log_id) = (events.clone(), id);
