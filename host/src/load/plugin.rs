@@ -827,7 +827,7 @@ impl PluginInvocation {
         if let Some(checked) = &self.checked {
             return checked.clone();
         }
-        if !self.shared.fixed.checks_input {
+        if !self.checks_input() {
             return Ok(PermissionDecision::Allow(None));
         }
         let checked = match query_input!(self, "check", |g, s, i, c| g.check(s, i, c)) {

@@ -706,14 +706,19 @@ async fn run_one(
         tool: call.name().to_owned(),
         activity,
     });
-    // Nobody reads what the tool reports: it goes nowhere, at no cost.
-    if !events.reads_reports() {
-        return Ok(call.run(pool, CallContext::shared(context), interrupt).await);
-    }
+    // What the tool reports goes nowhere, at no cost, when nobody reads it.
+    let cx =
+        if events.reads_reports() { reporting(context, events, id) } else { CallContext::shared(context) };
+    Ok(call.run(pool, cx, interrupt).await)
+}
+
+/// The context of a call `id` whose reports `events` reads: each one goes
+/// there as an event naming the call.
+fn reporting(context: Arc<Value>, events: &Events, id: String) -> CallContext {
     let (progress_events, progress_id) = (events.clone(), id.clone());
     let (refusal_events, refusal_id) = (events.clone(), id.clone());
     let (log_events, log_id) = (events.clone(), id);
-    let cx = CallContext {
+    CallContext {
         context,
         progress: Arc::new(move |data| {
             emit(&progress_events, Event::Progress { tool_use_id: progress_id.clone(), data });
@@ -736,8 +741,7 @@ async fn run_one(
                 message: message.to_owned(),
             });
         }),
-    };
-    Ok(call.run(pool, cx, interrupt).await)
+    }
 }
 
 /// Results as they finish, released in the batch's order: a finished call
