@@ -50,6 +50,18 @@ enum Command {
 
 fn main() -> ExitCode {
     let started = Instant::now();
+    // The allocator maps its arenas for transparent huge pages and gives
+    // freed memory back to the kernel after a few idle milliseconds; each
+    // 2 MiB page touched again after that is zeroed whole, in the call that
+    // touches it. With 4 KiB pages a call's allocations fault in only what
+    // they use (HTTP calls/s with one client, README Performance). Children
+    // inherit the flag; `keel bench --mcp-server` clears it for the server
+    // it compares, which runs as it would anywhere else.
+    #[cfg(target_os = "linux")]
+    {
+        // A kernel without the flag runs as before.
+        let _ = rustix::thread::disable_transparent_huge_pages(true);
+    }
     // A trap or a limit in a plugin is a wasmtime error, made on the call's
     // path; where `RUST_BACKTRACE` is set, each would capture a host
     // backtrace nobody reads. Library backtraces stay off unless asked for

@@ -152,7 +152,14 @@ fn bench_compares_keel_with_another_stdio_mcp_server() {
     let dir = tempfile::tempdir().unwrap();
     // The native echo server the MCP figures measure keel against is a real
     // rmcp server on stdio: here it stands for the server a user runs today.
-    let server = format!("{} bench --serve-native-echo", env!("CARGO_BIN_EXE_keel"));
+    // It writes down whether it runs with transparent huge pages, which
+    // `keel` turns off for itself and not for the server it compares.
+    let thp = dir.path().join("thp.txt");
+    let server = format!(
+        "sh -c 'grep THP_enabled /proc/self/status > {}; exec {} bench --serve-native-echo'",
+        thp.display(),
+        env!("CARGO_BIN_EXE_keel")
+    );
     // `--tools` relative to where keel was started, though `keel serve` runs
     // from a directory of its own.
     let bundled = support::bundled("echo");
@@ -178,7 +185,11 @@ fn bench_compares_keel_with_another_stdio_mcp_server() {
             "mcp_stdio_first_call"
         ]
     );
-    assert!(figures[0]["name"].as_str().unwrap().contains("--serve-native-echo: echo"), "{}", figures[0]);
+    assert!(figures[0]["name"].as_str().unwrap().contains(&format!("{server}: echo")), "{}", figures[0]);
+    // As this test's own process, which never turned them off.
+    let own = std::fs::read_to_string("/proc/self/status").unwrap();
+    let own = own.lines().find(|line| line.starts_with("THP_enabled:")).unwrap();
+    assert_eq!(std::fs::read_to_string(&thp).unwrap().trim_end(), own);
 
     // A tool it does not have is named in the error, and nothing is measured.
     let args = ["bench", "--quick", "--mcp-server", &server, "--tool", "nope"];

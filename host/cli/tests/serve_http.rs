@@ -55,6 +55,17 @@ fn an_older_client_gets_a_session_and_sees_rich_results_listed() {
 }
 
 #[test]
+fn the_server_runs_without_transparent_huge_pages() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &[]);
+    let status = std::fs::read_to_string(format!("/proc/{}/status", server.id())).unwrap();
+    let enabled = status.lines().find_map(|line| line.strip_prefix("THP_enabled:"));
+    assert_eq!(enabled.map(str::trim), Some("0"), "{status}");
+    let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "served" }));
+    assert_eq!(reply.message()["result"]["content"][0]["text"], "served", "{}", reply.body);
+}
+
+#[test]
 fn a_stateless_client_calls_without_a_session() {
     let workspace = tempfile::tempdir().unwrap();
     let server = serve(workspace.path(), &[]);

@@ -227,6 +227,14 @@ pub fn compare(
         let keel_first = started.elapsed().as_secs_f64() * 1e3;
         let mut theirs = tokio::process::Command::new(shell);
         theirs.arg("-c").arg(format!("exec {command}"));
+        // The server runs with the machine's transparent huge pages, as it
+        // would anywhere else, not with the huge pages `keel` turned off.
+        #[cfg(target_os = "linux")]
+        // SAFETY: one prctl system call, which allocates nothing and takes no
+        // lock, between fork and exec.
+        unsafe {
+            theirs.pre_exec(|| Ok(rustix::thread::disable_transparent_huge_pages(false)?));
+        }
         let other = Server::spawn(theirs, workspace.path(), shell).await.map_err(|_| {
             Error::Engine(format!("`{command}` did not start as an MCP server on stdio (run by `sh -c`)"))
         })?;

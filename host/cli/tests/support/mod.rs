@@ -44,6 +44,11 @@ impl Serving {
         exit_within(&mut self.child, limit)
     }
 
+    /// Its process id.
+    pub fn id(&self) -> u32 {
+        self.child.id()
+    }
+
     /// What it wrote to stderr after naming its address, so far.
     pub fn stderr(&self) -> String {
         self.stderr.lock().unwrap().join("\n")
