@@ -90,6 +90,8 @@ answers at load
   is-enabled                true
   max-result-size           50000
   requires-user-interaction false
+  fixed-plan                {{"concurrency_safe":true,"read_only":true}}
+  checks-input              false
 
 answers for the input {{"text":""}}
   plan                      {{"concurrency_safe":true,"read_only":true}}
@@ -171,6 +173,8 @@ fn json_output_reports_traps_at_load_with_their_fallbacks() {
             ("is-enabled", &serde_json::json!(false), "false: the tool is left out of the pool"),
             ("max-result-size", &serde_json::json!(50_000), "50,000 chars"),
             ("requires-user-interaction", &serde_json::json!(false), "false"),
+            ("fixed-plan", &serde_json::Value::Null, "none: plan is asked per call"),
+            ("checks-input", &serde_json::json!(true), "true: check is asked per call"),
         ]
     );
     assert_eq!(report["grant"]["network"], serde_json::json!([]));
@@ -201,6 +205,13 @@ fn errors_say_what_failed_where_and_what_to_do() {
     assert!(
         report.contains(
             "  contract      keel:tool@0.2.0 (older than 0.4.0: its questions do not see the context)\n"
+        ),
+        "{report}"
+    );
+    // An older contract fixes nothing at load: both are asked per call.
+    assert!(
+        report.contains(
+            "  fixed-plan                none: plan is asked per call\n  checks-input              true\n"
         ),
         "{report}"
     );

@@ -380,6 +380,20 @@ impl PluginTool {
     pub fn load_report(&self) -> &LoadReport {
         &self.report
     }
+
+    /// The plan the tool fixed at load for every call (contract 0.4.0's
+    /// `fixed-plan`), as `(concurrency-safe, read-only)`; `None` when `plan`
+    /// is asked per call, as it is of every tool of an older contract.
+    pub fn fixed_plan(&self) -> Option<(bool, bool)> {
+        self.shared.fixed.plan.map(|plan| (plan.concurrency_safe, plan.read_only))
+    }
+
+    /// Whether `check` is asked per call: false when the tool said at load
+    /// that it never refuses, rewrites or asks (contract 0.4.0's
+    /// `checks-input`).
+    pub fn checks_input(&self) -> bool {
+        self.shared.fixed.checks_input
+    }
 }
 
 /// Check that `component` speaks a contract version this host loads, and

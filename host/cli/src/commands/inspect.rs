@@ -71,6 +71,8 @@ const AT_LOAD: &[(&str, &str)] = &[
     ("is-enabled", "false: the tool is left out of the pool"),
     ("max-result-size", "50,000 chars"),
     ("requires-user-interaction", "false"),
+    ("fixed-plan", "none: plan is asked per call"),
+    ("checks-input", "true: check is asked per call"),
 ];
 
 /// What one export answered.
@@ -217,10 +219,15 @@ impl Report {
             ResultSize::Chars(chars) => json!(chars),
             ResultSize::SelfBounded => json!("none"),
         };
+        let fixed_plan = self.plugin.fixed_plan().map(|(concurrency_safe, read_only)| {
+            json!({ "concurrency_safe": concurrency_safe, "read_only": read_only })
+        });
         [
             ("is-enabled", json!(spec.enabled)),
             ("max-result-size", max),
             ("requires-user-interaction", json!(spec.requires_user_interaction)),
+            ("fixed-plan", json!(fixed_plan)),
+            ("checks-input", json!(self.plugin.checks_input())),
         ]
         .into_iter()
         .zip(AT_LOAD)
@@ -349,6 +356,7 @@ fn write_answers(out: &mut String, answers: &[Answer]) {
         let free_text =
             matches!(answer.export, "permission-subject" | "classifier-input" | "activity-description");
         let shown = match &answer.answer {
+            Value::Null if answer.export == "fixed-plan" => "none: plan is asked per call".into(),
             Value::Null => "none".into(),
             Value::String(text) if !free_text => text.clone(),
             other => other.to_string(),
