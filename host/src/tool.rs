@@ -281,6 +281,13 @@ pub trait Tool: Send + Sync + 'static {
     /// traps.
     async fn invoke(&self, input: Value, context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError>;
 
+    /// Whether every call runs read-only whatever its input, because the
+    /// sandbox holds it to that: a plugin that fixed a read-only plan at
+    /// load gets a read-only grant for every call. Default: false.
+    fn always_read_only(&self) -> bool {
+        false
+    }
+
     /// Whether two inputs ask for the same thing. Default: equal JSON.
     async fn inputs_equivalent(&self, a: &Value, b: &Value) -> bool {
         a == b

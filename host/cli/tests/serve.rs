@@ -156,6 +156,11 @@ async fn lists_the_pool_as_keel_list_does_with_the_annotations_keel_enforces() {
         &json!({ "readOnlyHint": true, "destructiveHint": false, "openWorldHint": false }),
         "no write access and no network: it can destroy nothing"
     );
+    assert_eq!(
+        annotations["echo"],
+        &json!({ "readOnlyHint": true, "destructiveHint": false, "openWorldHint": false }),
+        "granted the workspace to write, but every call runs read-only: its plan is fixed read-only"
+    );
     assert_eq!(annotations["write_file"], &json!({ "openWorldHint": false }));
     client.cancel().await.unwrap();
 }
@@ -174,8 +179,14 @@ async fn a_plugin_with_a_network_grant_is_listed_as_open_world() {
         let tool = tools.iter().find(|tool| tool.name == name).unwrap();
         serde_json::to_value(&tool.annotations).unwrap()
     };
-    assert_eq!(hints("fetch"), json!({ "openWorldHint": true }));
-    assert_eq!(hints("echo"), json!({ "openWorldHint": false }), "no grant, no network");
+    // Its plan is fixed read-only, so every call gets a read-only sandbox;
+    // with the network open, nothing vouches that it destroys nothing.
+    assert_eq!(hints("fetch"), json!({ "readOnlyHint": true, "openWorldHint": true }));
+    assert_eq!(
+        hints("echo"),
+        json!({ "readOnlyHint": true, "destructiveHint": false, "openWorldHint": false }),
+        "no grant, no network"
+    );
     client.cancel().await.unwrap();
 }
 

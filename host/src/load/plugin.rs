@@ -662,6 +662,10 @@ impl Tool for PluginTool {
         &self.spec
     }
 
+    fn always_read_only(&self) -> bool {
+        self.shared.fixed.plan.is_some_and(|plan| plan.read_only)
+    }
+
     async fn invoke(&self, input: Value, context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {
         Ok(Box::new(PluginInvocation {
             shared: self.shared.clone(),

@@ -33,7 +33,7 @@ use clap::Args;
 use keel_host::config::Config;
 use keel_host::load::{Access, Grants};
 use keel_host::pool::definitions::model_description;
-use keel_host::tool::{LogLevel, ToolOrigin, ToolSpec};
+use keel_host::tool::{LogLevel, Tool, ToolOrigin, ToolSpec};
 use keel_host::{Arrival, CallStream, Event, EventSink, Host, Interrupt, ToolResult, ToolUse};
 
 use rmcp::model::{
@@ -534,46 +534,48 @@ fn mcp_tools(host: &Host) -> Vec<rmcp::model::Tool> {
     let pool = host.pool();
     pool.entries()
         .iter()
-        .map(|entry| entry.tool.spec())
-        .filter(|spec| !pool.is_deferred(spec))
-        .map(|spec| mcp_tool(spec, host.grants()))
+        .filter(|entry| !pool.is_deferred(entry.tool.spec()))
+        .map(|entry| mcp_tool(entry.tool.as_ref(), host.grants()))
         .collect()
 }
 
 /// One tool: name, the description a model reads, the input schema, and
 /// the annotations keel can vouch for whatever the input.
-fn mcp_tool(spec: &ToolSpec, grants: &Grants) -> rmcp::model::Tool {
+fn mcp_tool(tool: &dyn Tool, grants: &Grants) -> rmcp::model::Tool {
+    let spec = tool.spec();
     let schema: JsonObject = match &spec.input_schema {
         Value::Object(schema) => schema.clone(),
         // A schema such as `true` accepts anything; MCP wants an object.
         _ => JsonObject::from_iter([("type".to_string(), Value::from("object"))]),
     };
-    let mut tool = rmcp::model::Tool::new(spec.name.clone(), model_description(spec), Arc::new(schema));
+    let mut listed = rmcp::model::Tool::new(spec.name.clone(), model_description(spec), Arc::new(schema));
     if spec.user_facing_name != spec.name {
-        tool = tool.with_title(spec.user_facing_name.clone());
+        listed = listed.with_title(spec.user_facing_name.clone());
     }
-    if let Some(annotations) = annotations(spec, grants) {
-        tool = tool.with_annotations(annotations);
+    if let Some(annotations) = annotations(spec, tool.always_read_only(), grants) {
+        listed = listed.with_annotations(annotations);
     }
     if let Some(Value::Object(schema)) = &spec.output_schema {
-        tool.output_schema = Some(Arc::new(schema.clone()));
+        listed.output_schema = Some(Arc::new(schema.clone()));
     }
-    tool
+    listed
 }
 
 /// Hints that hold for every call of the tool because the sandbox enforces
 /// them, not because the tool claims them: a plugin without a network grant
 /// has a closed world, and one with a grant is open-world; a plugin granted
-/// no write access anywhere is read-only, and with no network either it can
-/// destroy nothing.
+/// no write access anywhere is read-only, and so is one whose every call runs
+/// read-only (`always_read_only`: a plan fixed at load, which the grant of
+/// each call follows); with no network either it can destroy nothing.
 /// What a tool says about one input (`plan`, `is-destructive`, …)
 /// has no place here: MCP hints are per tool, and when left out MCP assumes
 /// the conservative answer, as keel does.
-fn annotations(spec: &ToolSpec, grants: &Grants) -> Option<ToolAnnotations> {
+fn annotations(spec: &ToolSpec, always_read_only: bool, grants: &Grants) -> Option<ToolAnnotations> {
     let ToolOrigin::Plugin { .. } = spec.origin else { return None };
     let grant = grants.for_tool(&spec.name);
-    let writes = grant.workspace_access == Access::ReadWrite
-        || grant.dirs.iter().any(|dir| dir.access == Access::ReadWrite);
+    let writes = !always_read_only
+        && (grant.workspace_access == Access::ReadWrite
+            || grant.dirs.iter().any(|dir| dir.access == Access::ReadWrite));
     let network = !grant.network.is_empty();
     let annotations = ToolAnnotations::new().open_world(network);
     Some(match (writes, network) {
