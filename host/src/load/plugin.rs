@@ -663,7 +663,7 @@ impl Tool for PluginTool {
     }
 
     fn always_read_only(&self) -> bool {
-        self.shared.fixed.plan.is_some_and(|plan| plan.read_only)
+        self.fixed_plan().is_some_and(|(_, read_only)| read_only)
     }
 
     async fn invoke(&self, input: Value, context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {

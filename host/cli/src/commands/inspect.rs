@@ -71,9 +71,17 @@ const AT_LOAD: &[(&str, &str)] = &[
     ("is-enabled", "false: the tool is left out of the pool"),
     ("max-result-size", "50,000 chars"),
     ("requires-user-interaction", "false"),
-    ("fixed-plan", "none: plan is asked per call"),
+    ("fixed-plan", PLAN_PER_CALL),
     ("checks-input", "true: check is asked per call"),
 ];
+
+/// What `fixed-plan` answers when the tool fixed no plan, and its fallback.
+const PLAN_PER_CALL: &str = "none: plan is asked per call";
+
+/// A plan as inspect shows it, asked per input or fixed at load.
+fn plan_json(concurrency_safe: bool, read_only: bool) -> Value {
+    json!({ "concurrency_safe": concurrency_safe, "read_only": read_only })
+}
 
 /// What one export answered.
 struct Answer {
@@ -171,10 +179,7 @@ async fn ask(plugin: &PluginTool, input: &Value, warnings: &Warnings) -> Vec<Ans
             PER_INPUT.iter().find(|(name, _)| *name == export).map_or("", |(_, fallback)| fallback);
         answers.push(Answer { export, answer, trapped: None, fallback });
     };
-    let plan = json!({
-        "concurrency_safe": call.is_concurrency_safe().await,
-        "read_only": call.is_read_only().await,
-    });
+    let plan = plan_json(call.is_concurrency_safe().await, call.is_read_only().await);
     record(&mut answers, "plan", plan);
     record(&mut answers, "is-destructive", json!(call.is_destructive().await));
     let check = match call.validate_input().await {
@@ -219,9 +224,10 @@ impl Report {
             ResultSize::Chars(chars) => json!(chars),
             ResultSize::SelfBounded => json!("none"),
         };
-        let fixed_plan = self.plugin.fixed_plan().map(|(concurrency_safe, read_only)| {
-            json!({ "concurrency_safe": concurrency_safe, "read_only": read_only })
-        });
+        let fixed_plan = self
+            .plugin
+            .fixed_plan()
+            .map(|(concurrency_safe, read_only)| plan_json(concurrency_safe, read_only));
         [
             ("is-enabled", json!(spec.enabled)),
             ("max-result-size", max),
@@ -356,7 +362,7 @@ fn write_answers(out: &mut String, answers: &[Answer]) {
         let free_text =
             matches!(answer.export, "permission-subject" | "classifier-input" | "activity-description");
         let shown = match &answer.answer {
-            Value::Null if answer.export == "fixed-plan" => "none: plan is asked per call".into(),
+            Value::Null if answer.export == "fixed-plan" => PLAN_PER_CALL.into(),
             Value::Null => "none".into(),
             Value::String(text) if !free_text => text.clone(),
             other => other.to_string(),
