@@ -48,6 +48,11 @@ impl InputSchema {
     /// Check `input`; the error names each failing path and rule, in words a
     /// model can act on: `/pattern: 5 is not of type "string" (rule: type)`.
     pub fn check(&self, input: &Value) -> Result<(), String> {
+        // Most inputs are valid: the validator's yes-or-no pass collects no
+        // errors, and only an input it refuses is walked again for them.
+        if self.validator.is_valid(input) {
+            return Ok(());
+        }
         let violations: Vec<String> = self
             .validator
             .iter_errors(input)

@@ -697,18 +697,20 @@ async fn run_one(
     if interrupt.is_interrupted() {
         return Err(ToolResult::error(&call.id, NOT_STARTED));
     }
-    let id = call.id.clone();
     // Only a reader of the whole course shows the activity: without one,
     // spare the guest the question.
     let activity = if events.is_closed() { None } else { call.activity().await };
     emit_lean_with(events, || Event::CallStarted {
-        tool_use_id: id.clone(),
+        tool_use_id: call.id.clone(),
         tool: call.name().to_owned(),
         activity,
     });
     // What the tool reports goes nowhere, at no cost, when nobody reads it.
-    let cx =
-        if events.reads_reports() { reporting(context, events, id) } else { CallContext::shared(context) };
+    let cx = if events.reads_reports() {
+        reporting(context, events, call.id.clone())
+    } else {
+        CallContext::shared(context)
+    };
     Ok(call.run(pool, cx, interrupt).await)
 }
 
