@@ -3,8 +3,8 @@
 //! memory. Every healthy call must still return the right result, the cap
 //! must hold, and memory must come back down.
 
-use keel_host::ToolUse;
 use keel_host::config::{Config, LimitsConfig};
+use keel_host::{ToolResult, ToolUse};
 use serde_json::json;
 use sha2::{Digest, Sha256};
 
@@ -88,5 +88,41 @@ fn a_thousand_calls_with_hostile_ones_mixed_in() {
         "resident memory grew from {} MiB to {} MiB",
         baseline >> 20,
         end >> 20
+    );
+}
+
+/// On a current-thread runtime a call's sandbox is torn down once the thread
+/// has run what was ready (README, Performance). Calls that never wait give it
+/// no such moment: each tears the one before down itself, so at most one
+/// sandbox waits, and more calls than the engine has instance slots (1,000)
+/// all run.
+#[test]
+fn calls_that_never_wait_on_one_thread_keep_at_most_one_sandbox_waiting() {
+    let workspace = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let host = runtime.block_on(host_of(workspace.path(), &["keel_tool_echo"]).build()).unwrap();
+    let calls = 1_100;
+    // Unconstrained: tokio's cooperative budget would otherwise make a
+    // call wait every 128, and give the runtime its moment.
+    let in_one_poll = runtime.block_on(tokio::task::unconstrained(async {
+        let mut in_one_poll = 0;
+        for id in 0..calls {
+            let batch = [ToolUse::new(format!("toolu_{id}"), "echo", json!({ "text": "hi" }))];
+            let mut run = std::pin::pin!(host.run_batch(&batch));
+            let mut polls = 0;
+            let outcome = std::future::poll_fn(|cx| {
+                polls += 1;
+                run.as_mut().poll(cx)
+            })
+            .await;
+            assert_eq!(outcome.results[0], ToolResult::ok(format!("toolu_{id}"), "hi"), "call {id}");
+            in_one_poll += usize::from(polls == 1);
+        }
+        in_one_poll
+    }));
+    assert!(
+        in_one_poll > 1_000,
+        "only {in_one_poll} of {calls} calls finished in their first poll, so the runtime had room \
+         to tear sandboxes down between them and this test no longer reaches the bound"
     );
 }

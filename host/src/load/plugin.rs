@@ -977,53 +977,64 @@ impl Invocation for PluginInvocation {
             crate::load::sandbox::within(until, Box::pin(call)).await
         };
         this.meter.settle(&reserved, Some(&sandbox));
-        match outcome {
-            Err(_elapsed) => Err(sandbox.deadline_error()),
-            Ok(Err(error)) => Err(sandbox.classify(&error, limits)),
-            Ok(Ok(Err(mut message))) => {
-                sandbox.scrubber().scrub(&mut message);
-                Err(CallError::Tool(message))
-            }
-            Ok(Ok(Ok(mut output))) => {
-                let scrubber = sandbox.scrubber();
-                if scrubber.is_active() {
-                    // A secret a server echoed was masked on its way in; one
-                    // that reached the guest some other way (decoded, say) is
-                    // masked on its way out.
-                    for block in &mut output.content {
-                        if let bindings::ContentBlock::Text(text) = block {
-                            scrubber.scrub(text);
-                        }
-                    }
-                    for text in output.structured.iter_mut().chain(output.context_modifier.iter_mut()) {
+        let output = call_output(outcome, &sandbox, limits);
+        sandbox.retire();
+        output
+    }
+}
+
+/// What an export call of `call` in `sandbox` gave, as the host hands it on:
+/// a limit, a trap or a tool error named, secrets masked, and the guest's
+/// JSON texts parsed.
+fn call_output(
+    outcome: Result<wasmtime::Result<Result<bindings::CallOutput, String>>, tokio::time::error::Elapsed>,
+    sandbox: &Sandbox,
+    limits: &Limits,
+) -> Result<CallOutput, CallError> {
+    match outcome {
+        Err(_elapsed) => Err(sandbox.deadline_error()),
+        Ok(Err(error)) => Err(sandbox.classify(&error, limits)),
+        Ok(Ok(Err(mut message))) => {
+            sandbox.scrubber().scrub(&mut message);
+            Err(CallError::Tool(message))
+        }
+        Ok(Ok(Ok(mut output))) => {
+            let scrubber = sandbox.scrubber();
+            if scrubber.is_active() {
+                // A secret a server echoed was masked on its way in; one
+                // that reached the guest some other way (decoded, say) is
+                // masked on its way out.
+                for block in &mut output.content {
+                    if let bindings::ContentBlock::Text(text) = block {
                         scrubber.scrub(text);
                     }
                 }
-                let context_modifier = match output.context_modifier {
-                    None => None,
-                    Some(text) => match serde_json::from_str::<Value>(&text) {
-                        Ok(patch @ Value::Object(_)) => Some(patch),
-                        Ok(_) => {
-                            return Err(CallError::Contract(
-                                "its context modifier is not a JSON object".into(),
-                            ));
-                        }
-                        Err(error) => {
-                            return Err(CallError::Contract(format!(
-                                "its context modifier is not JSON: {error}"
-                            )));
-                        }
-                    },
-                };
-                let structured = match output.structured {
-                    None => None,
-                    Some(text) => Some(serde_json::from_str::<Value>(&text).map_err(|error| {
-                        CallError::Contract(format!("its structured value is not JSON: {error}"))
-                    })?),
-                };
-                let content = output.content.into_iter().map(content_block).collect();
-                Ok(CallOutput { content, structured, context_modifier })
+                for text in output.structured.iter_mut().chain(output.context_modifier.iter_mut()) {
+                    scrubber.scrub(text);
+                }
             }
+            let context_modifier = match output.context_modifier {
+                None => None,
+                Some(text) => match serde_json::from_str::<Value>(&text) {
+                    Ok(patch @ Value::Object(_)) => Some(patch),
+                    Ok(_) => {
+                        return Err(CallError::Contract("its context modifier is not a JSON object".into()));
+                    }
+                    Err(error) => {
+                        return Err(CallError::Contract(format!(
+                            "its context modifier is not JSON: {error}"
+                        )));
+                    }
+                },
+            };
+            let structured = match output.structured {
+                None => None,
+                Some(text) => Some(serde_json::from_str::<Value>(&text).map_err(|error| {
+                    CallError::Contract(format!("its structured value is not JSON: {error}"))
+                })?),
+            };
+            let content = output.content.into_iter().map(content_block).collect();
+            Ok(CallOutput { content, structured, context_modifier })
         }
     }
 }
