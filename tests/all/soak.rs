@@ -93,9 +93,8 @@ fn a_thousand_calls_with_hostile_ones_mixed_in() {
 
 /// On a current-thread runtime a call's sandbox is torn down once the thread
 /// has run what was ready (README, Performance). Calls that never wait give it
-/// no such moment: each tears the one before down itself, so at most one
-/// sandbox waits, and more calls than the engine has instance slots (1,000)
-/// all run.
+/// no such moment: while one sandbox waits, each later call tears its own down
+/// at once, so more calls than the engine has instance slots (1,000) all run.
 #[test]
 fn calls_that_never_wait_on_one_thread_keep_at_most_one_sandbox_waiting() {
     let workspace = tempfile::tempdir().unwrap();

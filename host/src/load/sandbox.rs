@@ -727,9 +727,9 @@ impl Sandbox {
 }
 
 thread_local! {
-    /// The sandbox of the last call answered on this thread of a
-    /// current-thread runtime, until its teardown ([`Sandbox::retire`]).
-    static RETIRED: std::cell::RefCell<Option<Sandbox>> = const { std::cell::RefCell::new(None) };
+    /// Whether a sandbox of this thread waits for its teardown
+    /// ([`Sandbox::retire`]).
+    static RETIRING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
 }
 
 impl Sandbox {
@@ -738,11 +738,11 @@ impl Sandbox {
     /// out first (a connection of `keel serve --http` writes its reply), and
     /// the teardown (resetting the memory the instance dirtied, a third of a
     /// sandbox's cost) follows on the same thread, whose caches hold the
-    /// store. At most one sandbox a thread waits so: the next call answered
-    /// before its teardown ran tears it down at once. On a runtime of many
-    /// workers the teardown could be taken by another worker, where every
-    /// line of the store is a cache miss, so it happens at once. What the
-    /// guest printed is logged now either way.
+    /// store. At most one sandbox a thread waits so: a call answered while
+    /// one waits tears its own down at once. On a runtime of many workers the
+    /// teardown could be taken by another worker, where every line of the
+    /// store is a cache miss, so it happens at once. What the guest printed
+    /// is logged now either way.
     pub(crate) fn retire(self) {
         use tokio::runtime::{Handle, RuntimeFlavor};
         self.store.data().log_output();
@@ -750,16 +750,26 @@ impl Sandbox {
             Ok(runtime) if runtime.runtime_flavor() == RuntimeFlavor::CurrentThread => runtime,
             _ => return drop(self),
         };
-        match RETIRED.with(|retired| retired.borrow_mut().replace(self)) {
-            // Its teardown is due and takes this one instead.
-            Some(earlier) => drop(earlier),
-            None => {
-                runtime.spawn(async {
-                    tokio::task::yield_now().await;
-                    drop(RETIRED.with(|retired| retired.borrow_mut().take()));
-                });
-            }
+        if RETIRING.replace(true) {
+            return drop(self);
         }
+        let retiring = Retiring { _sandbox: self };
+        runtime.spawn(async move {
+            tokio::task::yield_now().await;
+            drop(retiring);
+        });
+    }
+}
+
+/// A sandbox waiting for its teardown; dropped, run or not (a runtime shut
+/// down drops its tasks), it gives its thread's turn back.
+struct Retiring {
+    _sandbox: Sandbox,
+}
+
+impl Drop for Retiring {
+    fn drop(&mut self) {
+        let _ = RETIRING.try_with(|retiring| retiring.set(false));
     }
 }
 
