@@ -52,6 +52,7 @@ pub use error::{Error, Result};
 pub use events::Event;
 pub use host::{BatchRun, Environment, Host, HostBuilder, load_plugins, lock_entries};
 pub use limits::Limits;
+pub use load::sandbox::defer_teardown_on_this_thread;
 pub use run::context;
 pub use run::interrupt::Interrupt;
 pub use run::scheduler::BatchOutcome;

@@ -91,14 +91,16 @@ fn a_thousand_calls_with_hostile_ones_mixed_in() {
     );
 }
 
-/// On a current-thread runtime a call's sandbox is torn down once the thread
-/// has run what was ready (README, Performance). Calls that never wait give it
+/// On a current-thread runtime whose thread defers its teardowns, as `keel
+/// serve --http` has, a call's sandbox is torn down once the thread has run
+/// what was ready (README, Performance). Calls that never wait give it
 /// no such moment: while one sandbox waits, each later call tears its own down
 /// at once, so more calls than the engine has instance slots (1,000) all run.
 #[test]
 fn calls_that_never_wait_on_one_thread_keep_at_most_one_sandbox_waiting() {
     let workspace = tempfile::tempdir().unwrap();
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    keel_host::defer_teardown_on_this_thread();
     let host = runtime.block_on(host_of(workspace.path(), &["keel_tool_echo"]).build()).unwrap();
     let calls = 1_100;
     // Unconstrained: tokio's cooperative budget would otherwise make a

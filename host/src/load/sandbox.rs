@@ -726,33 +726,53 @@ impl Sandbox {
     }
 }
 
+/// How this thread tears a call's sandbox down ([`Sandbox::retire`]).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Teardown {
+    /// At once, as the call is answered: the default.
+    Inline,
+    /// After the thread has run what was ready; `waiting` while a sandbox
+    /// waits so.
+    Deferred { waiting: bool },
+}
+
 thread_local! {
-    /// Whether a sandbox of this thread waits for its teardown
-    /// ([`Sandbox::retire`]).
-    static RETIRING: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    static TEARDOWN: std::cell::Cell<Teardown> = const { std::cell::Cell::new(Teardown::Inline) };
+}
+
+/// Let calls answered on this thread tear their sandbox down after the
+/// thread has run what was ready, so that their reply goes out first.
+///
+/// For a thread that drives a current-thread runtime, as each core's thread
+/// of `keel serve --http` does: the teardown (resetting the memory the
+/// instance dirtied, a third of a sandbox's cost) then follows on the same
+/// thread, whose caches hold the store, while the client reads the reply. At
+/// most one sandbox a thread waits so: a call answered while one waits tears
+/// its own down at once. A call answered elsewhere than on a current-thread
+/// runtime still tears its sandbox down at once. Other threads are not
+/// affected: on a runtime of many workers the teardown could be taken by
+/// another worker, where every line of the store is a cache miss.
+pub fn defer_teardown_on_this_thread() {
+    TEARDOWN.set(Teardown::Deferred { waiting: false });
 }
 
 impl Sandbox {
-    /// Tear it down once its call is answered. On a current-thread runtime
-    /// that happens after the thread has run what was ready: the result goes
-    /// out first (a connection of `keel serve --http` writes its reply), and
-    /// the teardown (resetting the memory the instance dirtied, a third of a
-    /// sandbox's cost) follows on the same thread, whose caches hold the
-    /// store. At most one sandbox a thread waits so: a call answered while
-    /// one waits tears its own down at once. On a runtime of many workers the
-    /// teardown could be taken by another worker, where every line of the
-    /// store is a cache miss, so it happens at once. What the guest printed
-    /// is logged now either way.
+    /// Tear it down once its call is answered: at once, unless this thread
+    /// defers its teardowns ([`defer_teardown_on_this_thread`]) and no other
+    /// sandbox of it waits. Deciding reads one thread-local, because calls on
+    /// every worker pass here.
     pub(crate) fn retire(self) {
         use tokio::runtime::{Handle, RuntimeFlavor};
-        self.store.data().log_output();
+        if TEARDOWN.get() != (Teardown::Deferred { waiting: false }) {
+            return drop(self);
+        }
         let runtime = match Handle::try_current() {
             Ok(runtime) if runtime.runtime_flavor() == RuntimeFlavor::CurrentThread => runtime,
             _ => return drop(self),
         };
-        if RETIRING.replace(true) {
-            return drop(self);
-        }
+        // What the guest printed is logged now, not when the teardown runs.
+        self.store.data().log_output();
+        TEARDOWN.set(Teardown::Deferred { waiting: true });
         let retiring = Retiring { _sandbox: self };
         runtime.spawn(async move {
             tokio::task::yield_now().await;
@@ -769,7 +789,7 @@ struct Retiring {
 
 impl Drop for Retiring {
     fn drop(&mut self) {
-        let _ = RETIRING.try_with(|retiring| retiring.set(false));
+        let _ = TEARDOWN.try_with(|teardown| teardown.set(Teardown::Deferred { waiting: false }));
     }
 }
 

@@ -168,6 +168,8 @@ pub async fn serve(
         let connection = connection.clone();
         let (done, end) = tokio::sync::oneshot::channel();
         std::thread::Builder::new().name(format!("keel-http-{core}")).spawn(move || {
+            // A call's reply goes out before its sandbox is torn down.
+            keel_host::defer_teardown_on_this_thread();
             let served = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
