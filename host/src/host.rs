@@ -454,7 +454,7 @@ impl Drop for AbandonOnDrop {
 
 /// A loaded set of tools, ready to run batches.
 pub struct Host {
-    #[expect(dead_code, reason = "kept alive for as long as the plugins' sandboxes")]
+    #[cfg_attr(not(test), expect(dead_code, reason = "kept alive for as long as the plugins' sandboxes"))]
     runtime: Arc<Runtime>,
     pool: Arc<ToolPool>,
     workspace: PathBuf,
@@ -745,5 +745,36 @@ mod tests {
         let pool: Vec<&str> =
             host.pool().entries().iter().map(|entry| entry.tool.spec().name.as_str()).collect();
         assert_eq!(pool, ["Read", "echo", "grep", "write_file"]);
+    }
+
+    /// A call's sandbox is torn down as the call is answered, unless the
+    /// thread asked to defer its teardowns: then it waits until the thread
+    /// has run what was ready (README, Performance).
+    #[test]
+    fn a_sandbox_waits_for_its_teardown_only_on_a_thread_that_defers_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let echo = keel_tests::guest("keel_tool_echo");
+        let host = build(dir.path(), &[&echo]).unwrap();
+        let engine = host.runtime.engine().clone();
+        let live = || engine.pooling_allocator_metrics().expect("a pooling engine").component_instances();
+        let call = |id: &str| [ToolUse::new(id, "echo", serde_json::json!({ "text": "hi" }))];
+        let hi = |id: &str| vec![crate::ToolResult::ok(id, "hi")];
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        runtime.block_on(async {
+            assert_eq!(host.run_batch(&call("toolu_1")).await.results, hi("toolu_1"));
+            assert_eq!(live(), 0, "torn down at once by default");
+            crate::defer_teardown_on_this_thread();
+            assert_eq!(host.run_batch(&call("toolu_2")).await.results, hi("toolu_2"));
+            assert_eq!(live(), 1, "waiting for the thread to run what was ready");
+            assert_eq!(host.run_batch(&call("toolu_3")).await.results, hi("toolu_3"));
+            assert_eq!(live(), 1, "at most one waits a thread");
+            for _ in 0..10 {
+                if live() == 0 {
+                    break;
+                }
+                tokio::task::yield_now().await;
+            }
+            assert_eq!(live(), 0, "torn down once the thread ran it");
+        });
     }
 }
