@@ -789,8 +789,19 @@ struct Retiring {
 
 impl Drop for Retiring {
     fn drop(&mut self) {
-        let _ = TEARDOWN.try_with(|teardown| teardown.set(Teardown::Deferred { waiting: false }));
+        waited();
     }
+}
+
+/// A sandbox of this thread waited and is gone: the next may wait. Only a
+/// waiting thread changes; a thread that drops another's (its runtime dropped
+/// there) is not made to defer its own teardowns.
+fn waited() {
+    let _ = TEARDOWN.try_with(|teardown| {
+        if teardown.get() == (Teardown::Deferred { waiting: true }) {
+            teardown.set(Teardown::Deferred { waiting: false });
+        }
+    });
 }
 
 impl Drop for Sandbox {
@@ -935,6 +946,19 @@ mod tests {
              WARN dropped 4 bytes of stdout past the 8 B kept plugin=\"grep\" stream=\"stdout\"\n"
         );
         assert_eq!(capture.contents(), (Vec::new(), 0), "logged once, then emptied");
+    }
+
+    #[test]
+    fn a_sandbox_that_waited_elsewhere_changes_nothing_on_the_thread_that_drops_it() {
+        std::thread::spawn(|| {
+            waited();
+            assert!(TEARDOWN.get() == Teardown::Inline, "a thread that never asked still tears down at once");
+            TEARDOWN.set(Teardown::Deferred { waiting: true });
+            waited();
+            assert!(TEARDOWN.get() == (Teardown::Deferred { waiting: false }), "the next may wait");
+        })
+        .join()
+        .unwrap();
     }
 
     #[test]
