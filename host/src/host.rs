@@ -76,7 +76,9 @@ impl HostBuilder {
     /// Plugins loaded already ([`crate::load::PluginTool::load_with_grants`]),
     /// joining the plugins found at the [`HostBuilder::plugins`] paths: a
     /// server that reloads plugins while serving keeps the ones it has and
-    /// loads only what changed.
+    /// loads only what changed. They run on the engine that loaded them: a
+    /// host given no [`HostBuilder::plugins`] paths makes no engine of its
+    /// own.
     pub fn plugin_tools(mut self, tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
         self.preloaded.extend(tools);
         self
@@ -240,7 +242,11 @@ impl HostBuilder {
         let limits = self.resolve_limits();
         // Meanwhile, on another core, what the first schema compiled needs.
         let meta_schemas = tokio::task::spawn_blocking(crate::pool::schema::prepare_meta_schemas);
-        let runtime = Arc::new(self.runtime(&limits)?);
+        // An engine only for plugins this builder loads: a plugin loaded
+        // ahead of it ([`HostBuilder::plugin_tools`]) runs on the engine that
+        // loaded it, and another would cost a start its pools and a thread.
+        let runtime =
+            if self.plugin_paths.is_empty() { None } else { Some(Arc::new(self.runtime(&limits)?)) };
         let grants = Arc::new(grants);
         let upkeep = match (&self.cache_dir, self.config.cache.max_size_mib) {
             (Some(dir), Some(mib)) => Some(spawn_upkeep(dir.clone(), mib.saturating_mul(1 << 20))),
@@ -266,7 +272,10 @@ impl HostBuilder {
                 }
             }
         }
-        let loaded = load_plugins(&runtime, files, grants.clone(), limits).await?;
+        let loaded = match &runtime {
+            Some(runtime) => load_plugins(runtime, files, grants.clone(), limits).await?,
+            None => Vec::new(),
+        };
         listed?;
         let locked = match &self.pins {
             Some(pins) => lock_entries(
@@ -454,8 +463,10 @@ impl Drop for AbandonOnDrop {
 
 /// A loaded set of tools, ready to run batches.
 pub struct Host {
+    /// The engine of the plugins it loaded itself; none when every plugin
+    /// was loaded ahead of it.
     #[cfg_attr(not(test), expect(dead_code, reason = "kept alive for as long as the plugins' sandboxes"))]
-    runtime: Arc<Runtime>,
+    runtime: Option<Arc<Runtime>>,
     pool: Arc<ToolPool>,
     workspace: PathBuf,
     grants: Arc<Grants>,
@@ -755,7 +766,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let echo = keel_tests::guest("keel_tool_echo");
         let host = build(dir.path(), &[&echo]).unwrap();
-        let engine = host.runtime.engine().clone();
+        let engine = host.runtime.as_ref().expect("an engine for the plugins it loaded").engine().clone();
         let live = || engine.pooling_allocator_metrics().expect("a pooling engine").component_instances();
         let call = |id: &str| [ToolUse::new(id, "echo", serde_json::json!({ "text": "hi" }))];
         let hi = |id: &str| vec![crate::ToolResult::ok(id, "hi")];
@@ -776,5 +787,40 @@ mod tests {
             }
             assert_eq!(live(), 0, "torn down once the thread ran it");
         });
+    }
+
+    /// An engine with no live instance for a second stops advancing its
+    /// epoch, and the next sandbox starts it again before its guest runs: a
+    /// loop with no fuel limit, called then, still stops at its deadline.
+    #[test]
+    fn an_idle_engine_stops_its_epoch_and_a_sandbox_starts_it_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let hostile = keel_tests::guest("keel_guest_hostile");
+        let limits =
+            Limits { fuel: u64::MAX, deadline: std::time::Duration::from_millis(300), ..Limits::default() };
+        let builder = Host::builder().workspace(dir.path()).cache_dir(None).limits(limits).plugins(&hostile);
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        let host = Arc::new(runtime.block_on(builder.build()).unwrap());
+        let ticker = host.runtime.as_ref().and_then(|runtime| runtime.ticker()).expect("a metered engine");
+        let idle = std::time::Instant::now();
+        while !ticker.is_stopped() {
+            assert!(idle.elapsed() < std::time::Duration::from_secs(30), "the epoch never stopped");
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        // On a thread of its own: were the epoch not started again, the loop
+        // would never end, and the test fails instead of waiting on it.
+        let (done, finished) = std::sync::mpsc::channel();
+        let caller = host.clone();
+        let called = std::time::Instant::now();
+        std::thread::spawn(move || {
+            let call = [ToolUse::new("toolu_1", "hostile", serde_json::json!({ "act": "loop" }))];
+            let _ = done.send(runtime.block_on(caller.run_batch(&call)).results);
+        });
+        let results = finished.recv_timeout(std::time::Duration::from_secs(60)).expect("the loop stopped");
+        let stopped = crate::ToolResult::error("toolu_1", "hostile failed: deadline of 300ms exceeded");
+        assert_eq!(results, [stopped]);
+        let took = called.elapsed();
+        let woken_by_itself = crate::load::epoch::EPOCH_IDLE_CHECK;
+        assert!(took < woken_by_itself / 2, "stopped {took:?} after the call, as the thread woke by itself");
     }
 }

@@ -10,6 +10,7 @@ pub(crate) mod bindings;
 pub mod cache;
 pub(crate) mod egress;
 pub(crate) mod engine;
+pub(crate) mod epoch;
 #[doc(hidden)]
 pub mod floor;
 pub(crate) mod grants;

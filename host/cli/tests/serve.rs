@@ -515,6 +515,25 @@ fn a_thousand_requests_written_at_once_are_each_answered_exactly_once() {
     raw.close();
 }
 
+/// A server's plugins run on the one engine that loaded them: its host,
+/// given them loaded, makes no engine of its own, whose pools and epoch
+/// thread would cost every start and wake an idle server.
+#[cfg(target_os = "linux")]
+#[test]
+fn a_server_runs_its_plugins_on_one_engine() {
+    let workspace = tempfile::tempdir().unwrap();
+    let raw = Raw::start(workspace.path(), &[]);
+    let threads = std::fs::read_dir(format!("/proc/{}/task", raw.child.id())).unwrap();
+    let epoch_threads = threads
+        .filter(|thread| {
+            let comm = thread.as_ref().unwrap().path().join("comm");
+            std::fs::read_to_string(comm).is_ok_and(|name| name.trim_end() == "keel-epoch")
+        })
+        .count();
+    assert_eq!(epoch_threads, 1, "one engine, one epoch thread");
+    raw.close();
+}
+
 #[test]
 fn fifty_concurrent_calls_overlap_under_the_cap_and_unsafe_ones_run_alone_in_arrival_order() {
     let workspace = tempfile::tempdir().unwrap();

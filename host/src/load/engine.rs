@@ -15,8 +15,9 @@ use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAlloc
 use crate::error::{Error, Result};
 use crate::limits::Limits;
 use crate::load::bindings::{v0_2, v0_3, v0_4};
+use crate::load::epoch::Ticker;
 use crate::load::lock::{Pins, is_sha256_hex, sha256_hex};
-use crate::load::sandbox::{EPOCH_TICK, SandboxState, SharedPreopens, root_cause};
+use crate::load::sandbox::{SandboxState, SharedPreopens, root_cause};
 
 /// How many instances may be alive at once across all calls. A batch keeps
 /// one instance per pending call between its questions and its call, so this
@@ -27,6 +28,8 @@ const MAX_LIVE_INSTANCES: u32 = 1_000;
 /// fuel, epoch interruption and the pooling allocator.
 pub struct Runtime {
     engine: Engine,
+    /// What advances the engine's epoch; none when nothing is metered.
+    ticker: Option<Ticker>,
     linker: Linker<SandboxState>,
     cache: Option<CompileCache>,
     /// What every component is checked against before its code runs.
@@ -83,9 +86,7 @@ impl Runtime {
             .concurrency_support(false)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config).map_err(|error| Error::Engine(format!("{error:#}")))?;
-        if metered {
-            start_epoch_ticker(&engine);
-        }
+        let ticker = metered.then(|| Ticker::start(&engine));
 
         let mut linker = Linker::new(&engine);
         wasmtime_wasi::p2::add_to_linker_async(&mut linker)
@@ -119,7 +120,7 @@ impl Runtime {
         .map_err(|error| Error::Engine(format!("failed to link host imports: {error:#}")))?;
 
         let cache = cache_dir.map(|dir| CompileCache::new(dir, &engine));
-        Ok(Runtime { engine, linker, cache, pins: None })
+        Ok(Runtime { engine, ticker, linker, cache, pins: None })
     }
 
     /// Check every component this runtime compiles or loads against
@@ -177,6 +178,12 @@ impl Runtime {
     /// The engine.
     pub(crate) fn engine(&self) -> &Engine {
         &self.engine
+    }
+
+    /// What advances the engine's epoch, for every sandbox to wake
+    /// ([`Ticker::wake`]); none when nothing is metered.
+    pub(crate) fn ticker(&self) -> Option<Ticker> {
+        self.ticker.clone()
     }
 
     /// The linker with WASI and the host imports.
@@ -359,22 +366,6 @@ pub struct Identity {
     pub content_key: String,
     /// The file's size in bytes.
     pub size: u64,
-}
-
-/// Advance the engine's epoch every [`EPOCH_TICK`] for as long as the engine
-/// lives: the thread holds only a weak reference and stops with the engine.
-fn start_epoch_ticker(engine: &Engine) {
-    let weak = engine.weak();
-    std::thread::Builder::new()
-        .name("keel-epoch".into())
-        .spawn(move || {
-            while let Some(engine) = weak.upgrade() {
-                engine.increment_epoch();
-                drop(engine);
-                std::thread::sleep(EPOCH_TICK);
-            }
-        })
-        .expect("failed to spawn the epoch thread");
 }
 
 /// Compiled components on disk, so a second start does not recompile.

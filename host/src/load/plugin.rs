@@ -19,6 +19,7 @@ use crate::error::{Error, Result};
 use crate::limits::{BatchFuel, LimitKind, Limits, Usage, units};
 use crate::load::bindings::{self, GuestPre, Version};
 use crate::load::engine::{Identity, Runtime};
+use crate::load::epoch::Ticker;
 use crate::load::grants::{Grants, PluginGrant};
 use crate::load::sandbox::{
     FuelLimit, Grant, Mounts, QUERY_DEADLINE, QUERY_FUEL, Sandbox, SandboxState, root_cause,
@@ -126,6 +127,8 @@ struct Shared {
     /// Where the code comes from when it was not loaded with the plugin.
     deferred: Option<Deferred>,
     name: Arc<str>,
+    /// What advances its engine's epoch, woken by each of its sandboxes.
+    ticker: Option<Ticker>,
     /// The contract version the component was built against.
     contract: Version,
     /// What the tool said at load holds for every call.
@@ -323,6 +326,7 @@ impl PluginTool {
             code: tokio::sync::OnceCell::new_with(Some(pre)),
             deferred: None,
             name: file_name.into(),
+            ticker: runtime.ticker(),
             limits: *limits,
             // Until its name is known, the plugin gets nothing that depends on it.
             grant: PluginGrant::workspace_only(grants.workspace()),
@@ -365,6 +369,7 @@ impl PluginTool {
             code: tokio::sync::OnceCell::new(),
             deferred: Some(deferred),
             name,
+            ticker: runtime.ticker(),
             contract,
             fixed,
             limits: *limits,
@@ -638,6 +643,7 @@ impl<'a> Questions<'a> {
         // every future that awaits it.
         let sandbox = Box::pin(Sandbox::new(
             pre,
+            shared.ticker.as_ref(),
             shared.name.clone(),
             &shared.limits,
             (&shared.grant, &shared.mounts),

@@ -43,13 +43,9 @@ use crate::contract::WORKSPACE_MOUNT;
 use crate::limits::{LimitKind, Limits, human_bytes, units};
 use crate::load::bindings::{Guest, GuestPre, LogLevel, log_level_of_v0_2, v0_2, v0_3, v0_4};
 use crate::load::egress::{Egress, Scrubber};
+use crate::load::epoch::{EPOCH_TICK, Ticker};
 use crate::load::grants::{Access, PluginGrant};
 use crate::tool::{CallError, LogSink, ProgressSink, RefusalSink};
-
-/// How often the engine's epoch advances: the granularity of deadlines, and
-/// how often a long-running guest yields to let other calls on its thread
-/// progress.
-pub const EPOCH_TICK: Duration = Duration::from_millis(10);
 
 /// The innermost cause of a wasmtime error, which says what actually failed.
 pub(crate) fn root_cause(error: &wasmtime::Error) -> String {
@@ -571,9 +567,11 @@ pub struct Sandbox {
 impl Sandbox {
     /// Instantiate `pre` in a fresh store for `plugin`, giving it `grant` of
     /// `mounts` and the environment of `capabilities`. Instantiation runs
-    /// under `fuel` and [`QUERY_DEADLINE`].
+    /// under `fuel` and [`QUERY_DEADLINE`]; `ticker` is woken once the
+    /// instance is made, so that the epoch advances while it lives.
     pub async fn new(
         pre: &GuestPre<SandboxState>,
+        ticker: Option<&Ticker>,
         plugin: Arc<str>,
         limits: &Limits,
         (capabilities, mounts): (&PluginGrant, &Arc<Mounts>),
@@ -628,6 +626,12 @@ impl Sandbox {
         let instantiated =
             within(started + QUERY_DEADLINE + DEADLINE_GRACE, Box::pin(pre.instantiate_async(&mut store)))
                 .await;
+        // Counted among the engine's live instances, which the epoch thread
+        // reads; wake it before any export is called. (A component's start
+        // function, run above, is held to its fuel.)
+        if let Some(ticker) = ticker {
+            ticker.wake();
+        }
         let tool = match instantiated {
             Ok(Ok(tool)) => tool,
             Ok(Err(error)) => {
