@@ -1,5 +1,5 @@
-//! The one wasmtime engine shared by all plugins, its epoch ticker, and the
-//! on-disk compile cache.
+//! The one wasmtime engine shared by all plugins (the thread that advances
+//! its epoch is in `epoch.rs`), and the on-disk compile cache.
 
 use std::collections::HashMap;
 use std::fs::Metadata;
