@@ -1,10 +1,13 @@
 //! Plugins reloaded while serving.
 //!
 //! [`Plugins`] keeps each plugin file the server loaded, with the size and
-//! modification time it had. [`watch`] looks at the `--plugins` paths every
-//! [`POLL`]; when what it sees has held still for one more look (a file
-//! being copied in is not loaded half-written), it loads what was added or
-//! changed and drops what was removed. A file that fails to load is logged
+//! modification time it had. [`watch`] looks at the `--plugins` paths when
+//! the kernel reports a change in them or in the directories that hold
+//! them (inotify, through the `notify` crate), and every [`FALLBACK`]
+//! besides, for a filesystem that reports nothing; an idle server is not
+//! woken to look. When what it sees has held still for one more look,
+//! [`POLL`] later (a file being copied in is not loaded half-written), it
+//! loads what was added or changed and drops what was removed. A file that fails to load is logged
 //! with the reason: the version it replaced keeps serving, and a new file is
 //! left out until it loads. Then a new host is built with the plugins as
 //! they are now and put in place; calls in flight finish on the pool they
@@ -27,8 +30,26 @@ use keel_host::{HostBuilder, Limits, Tool};
 
 use super::metrics::Metrics;
 
-/// How often the plugin paths are looked at.
+/// How long a change must hold still before it is loaded: the time
+/// between the two looks that must agree.
 pub const POLL: Duration = Duration::from_millis(500);
+
+/// How often the plugin paths are looked at when no change is reported: a
+/// network filesystem may report none. Where no watch could be set, they
+/// are looked at every [`POLL`].
+pub const FALLBACK: Duration = Duration::from_secs(10);
+
+/// What one look at the plugin paths found.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Look {
+    /// Not what the look before saw: a change is under way.
+    Moving,
+    /// Settled, and the served plugins are the same.
+    Unchanged,
+    /// Settled, and what was added or changed is loaded, what was removed
+    /// dropped.
+    Changed,
+}
 
 /// What a plugin file looked like when it was loaded.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -114,14 +135,15 @@ impl Plugins {
         self.loaded.values().map(|(_, tool)| tool.clone()).collect()
     }
 
-    /// Look again: whether the served plugins changed, having loaded what
-    /// was added or changed and dropped what was removed.
-    pub async fn rescan(&mut self) -> bool {
+    /// Look again: whether what is there has held still since the last
+    /// look and, if so, whether the served plugins changed, having loaded
+    /// what was added or changed and dropped what was removed.
+    pub async fn rescan(&mut self) -> Look {
         let now = scan(&self.paths);
         let settled = now == self.seen;
         self.seen = now.clone();
         if !settled {
-            return false;
+            return Look::Moving;
         }
         let mut changed = false;
         self.failed.retain(|file, _| now.contains_key(file));
@@ -164,21 +186,109 @@ impl Plugins {
                 }
             }
         }
-        changed
+        if changed { Look::Changed } else { Look::Unchanged }
     }
 }
 
-/// Look at the plugins every [`POLL`], and on each settled change build a
-/// host from `builder()` with them and hand it to `serve`.
+/// The kernel's reports of changes in the plugin paths, each path watched
+/// with the directory that holds it (so a directory or file replaced whole
+/// is seen too). Each report wakes one waiter, or the next to wait.
+struct Changes {
+    reported: Arc<tokio::sync::Notify>,
+    /// The plugin paths, absolute, as the watcher names what it reports.
+    paths: Arc<[PathBuf]>,
+    /// None where no watch could be set.
+    watcher: Option<notify::RecommendedWatcher>,
+}
+
+/// Whether an event leaves every file as it was: a file or directory
+/// opened, read or closed unwritten. A look opens the directories it
+/// lists, and a load the files it reads; a look at each would look again
+/// for ever.
+fn changes_nothing(kind: &notify::EventKind) -> bool {
+    use notify::event::{AccessKind, AccessMode, EventKind};
+    matches!(kind, EventKind::Access(access) if *access != AccessKind::Close(AccessMode::Write))
+}
+
+/// Whether `event` may change what a look at `paths` finds: it is about a
+/// plugin path or an entry of one (not about another entry of the
+/// directory that holds it), or it names nothing, as when the kernel's
+/// queue overflowed.
+fn concerns(event: &notify::Event, paths: &[PathBuf]) -> bool {
+    event.paths.is_empty()
+        || event.paths.iter().any(|changed| {
+            paths.iter().any(|path| changed == path || changed.parent() == Some(path.as_path()))
+        })
+}
+
+impl Changes {
+    fn watch(paths: &[PathBuf]) -> Self {
+        let reported = Arc::new(tokio::sync::Notify::new());
+        let cwd = std::env::current_dir().unwrap_or_default();
+        let paths: Arc<[PathBuf]> = paths.iter().map(|path| cwd.join(path)).collect();
+        let (sender, concerned) = (reported.clone(), paths.clone());
+        let watcher = notify::recommended_watcher(move |event: notify::Result<notify::Event>| {
+            // An error may have lost a change: look.
+            let look = match &event {
+                Ok(event) => !changes_nothing(&event.kind) && concerns(event, &concerned),
+                Err(_) => true,
+            };
+            if look {
+                sender.notify_one();
+            }
+        });
+        let watcher = match watcher {
+            Ok(watcher) => Some(watcher),
+            Err(error) => {
+                tracing::warn!("cannot watch the plugin paths, looking at them every {POLL:?}: {error}");
+                None
+            }
+        };
+        let mut changes = Changes { reported, paths, watcher };
+        changes.rewatch();
+        changes
+    }
+
+    /// Watch every path and its directory again: one that was replaced is
+    /// a new directory or file, and one that was missing may be back. A
+    /// path missing now is left to the next look.
+    fn rewatch(&mut self) {
+        use notify::Watcher;
+        let Some(watcher) = &mut self.watcher else { return };
+        for path in self.paths.iter() {
+            for watched in [Some(path.as_path()), path.parent()].into_iter().flatten() {
+                let _ = watcher.watch(watched, notify::RecursiveMode::NonRecursive);
+            }
+        }
+    }
+
+    /// Until a change is reported, or the time to look anyway has come.
+    async fn next(&self) {
+        let period = if self.watcher.is_some() { FALLBACK } else { POLL };
+        let _ = tokio::time::timeout(period, self.reported.notified()).await;
+    }
+}
+
+/// Look at the plugins whenever a change is reported (and every
+/// [`FALLBACK`]), again every [`POLL`] until what is there holds still, and
+/// on each settled change build a host from `builder()` with them and hand
+/// it to `serve`.
 pub async fn watch<B, S, F>(mut plugins: Plugins, builder: B, serve: S)
 where
     B: Fn() -> Result<HostBuilder>,
     S: Fn(keel_host::Host) -> F,
     F: Future<Output = ()>,
 {
+    let mut changes = Changes::watch(&plugins.paths);
     loop {
-        tokio::time::sleep(POLL).await;
-        if !plugins.rescan().await {
+        changes.next().await;
+        let mut look = plugins.rescan().await;
+        while look == Look::Moving {
+            tokio::time::sleep(POLL).await;
+            look = plugins.rescan().await;
+        }
+        changes.rewatch();
+        if look == Look::Unchanged {
             continue;
         }
         let built = match builder() {
@@ -201,5 +311,71 @@ where
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Whether a change is reported within `within`.
+    async fn reported(changes: &Changes, within: Duration) -> bool {
+        tokio::time::timeout(within, changes.reported.notified()).await.is_ok()
+    }
+
+    #[tokio::test]
+    async fn a_file_added_changed_or_removed_is_reported_at_once_and_a_look_is_not() {
+        let parent = tempfile::tempdir().unwrap();
+        let plugins = parent.path().join("plugins");
+        std::fs::create_dir(&plugins).unwrap();
+        let paths = vec![plugins.clone()];
+        let changes = Changes::watch(&paths);
+        assert!(changes.watcher.is_some(), "inotify watches the plugin paths");
+        let file = plugins.join("echo.wasm");
+        // Each well within the fallback's period: reported, not found by a
+        // look at the end of it.
+        let within = FALLBACK / 4;
+
+        std::fs::write(&file, b"first").unwrap();
+        assert!(reported(&changes, within).await, "a file added");
+        while reported(&changes, Duration::from_millis(200)).await {}
+        // A look lists the directory and reads nothing: no change of its
+        // own, or the server would look for ever.
+        assert_eq!(scan(&paths).len(), 1);
+        let _ = std::fs::read(&file).unwrap();
+        // Nor is a change beside the plugin directory.
+        std::fs::write(parent.path().join("notes.txt"), b"unrelated").unwrap();
+        assert!(
+            !reported(&changes, Duration::from_secs(1)).await,
+            "a look, a read or a sibling is no change"
+        );
+
+        std::fs::write(&file, b"second").unwrap();
+        assert!(reported(&changes, within).await, "a file changed");
+        while reported(&changes, Duration::from_millis(200)).await {}
+        std::fs::remove_file(&file).unwrap();
+        assert!(reported(&changes, within).await, "a file removed");
+    }
+
+    #[tokio::test]
+    async fn a_plugin_directory_removed_and_made_again_is_watched_again() {
+        let parent = tempfile::tempdir().unwrap();
+        let plugins = parent.path().join("plugins");
+        std::fs::create_dir(&plugins).unwrap();
+        let mut changes = Changes::watch(std::slice::from_ref(&plugins));
+        let within = FALLBACK / 4;
+
+        std::fs::remove_dir(&plugins).unwrap();
+        assert!(reported(&changes, within).await, "the directory removed");
+        changes.rewatch();
+        while reported(&changes, Duration::from_millis(200)).await {}
+        // Nothing watches the directory now: its parent's watch sees it back.
+        std::fs::create_dir(&plugins).unwrap();
+        assert!(reported(&changes, within).await, "the directory made again");
+        changes.rewatch();
+        while reported(&changes, Duration::from_millis(200)).await {}
+
+        std::fs::write(plugins.join("echo.wasm"), b"new").unwrap();
+        assert!(reported(&changes, within).await, "a file added to the new directory");
     }
 }
