@@ -7,11 +7,12 @@
 //! besides, for a filesystem that reports nothing; an idle server is not
 //! woken to look. When what it sees has held still for one more look,
 //! [`POLL`] later (a file being copied in is not loaded half-written), it
-//! loads what was added or changed and drops what was removed. A file that fails to load is logged
-//! with the reason: the version it replaced keeps serving, and a new file is
-//! left out until it loads. Then a new host is built with the plugins as
-//! they are now and put in place; calls in flight finish on the pool they
-//! started in, and every client is told the tool list changed.
+//! loads what was added or changed and drops what was removed. A file that
+//! fails to load is logged with the reason: the version it replaced keeps
+//! serving, and a new file is left out until it loads. Then a new host is
+//! built with the plugins as they are now and put in place; calls in flight
+//! finish on the pool they started in, and every client is told the tool
+//! list changed.
 //!
 //! When the runtime has pins (a lock, `sha256` keys), every version loaded
 //! is checked against them as at start: the engine checks the file's
@@ -280,8 +281,13 @@ where
     F: Future<Output = ()>,
 {
     let mut changes = Changes::watch(&plugins.paths);
+    // The first look at once: a change made while the watch was being set
+    // up was reported to nobody.
+    let mut first = true;
     loop {
-        changes.next().await;
+        if !std::mem::take(&mut first) {
+            changes.next().await;
+        }
         let mut look = plugins.rescan().await;
         while look == Look::Moving {
             tokio::time::sleep(POLL).await;
