@@ -281,40 +281,47 @@ where
     F: Future<Output = ()>,
 {
     let mut changes = Changes::watch(&plugins.paths);
-    // The first look at once: a change made while the watch was being set
-    // up was reported to nobody.
-    let mut first = true;
+    // The first look comes at once: a change made while the watch was being
+    // set up was reported to nobody.
     loop {
-        if !std::mem::take(&mut first) {
-            changes.next().await;
-        }
         let mut look = plugins.rescan().await;
         while look == Look::Moving {
             tokio::time::sleep(POLL).await;
             look = plugins.rescan().await;
         }
         changes.rewatch();
-        if look == Look::Unchanged {
-            continue;
+        if look == Look::Changed {
+            serve_reloaded(&plugins, &builder, &serve).await;
         }
-        let built = match builder() {
-            Ok(builder) => builder.plugin_tools(plugins.tools()).build().await.map_err(anyhow::Error::from),
-            Err(error) => Err(error),
-        };
-        match built {
-            Ok(host) => {
-                if let Some(metrics) = &plugins.metrics {
-                    metrics.plugins_loaded(plugins.loaded.len());
-                }
-                serve(host).await;
+        changes.next().await;
+    }
+}
+
+/// Build a host from `builder()` with the plugins as they are now and hand
+/// it to `serve`; if it cannot be built, the last pool keeps serving.
+async fn serve_reloaded<B, S, F>(plugins: &Plugins, builder: &B, serve: &S)
+where
+    B: Fn() -> Result<HostBuilder>,
+    S: Fn(keel_host::Host) -> F,
+    F: Future<Output = ()>,
+{
+    let built = match builder() {
+        Ok(builder) => builder.plugin_tools(plugins.tools()).build().await.map_err(anyhow::Error::from),
+        Err(error) => Err(error),
+    };
+    match built {
+        Ok(host) => {
+            if let Some(metrics) = &plugins.metrics {
+                metrics.plugins_loaded(plugins.loaded.len());
             }
-            Err(error) => {
-                tracing::error!(
-                    "the reloaded plugins could not be served, the last pool keeps serving: {error:#}"
-                );
-                if let Some(metrics) = &plugins.metrics {
-                    metrics.load_failed();
-                }
+            serve(host).await;
+        }
+        Err(error) => {
+            tracing::error!(
+                "the reloaded plugins could not be served, the last pool keeps serving: {error:#}"
+            );
+            if let Some(metrics) = &plugins.metrics {
+                metrics.load_failed();
             }
         }
     }
@@ -327,6 +334,12 @@ mod tests {
     /// Whether a change is reported within `within`.
     async fn reported(changes: &Changes, within: Duration) -> bool {
         tokio::time::timeout(within, changes.reported.notified()).await.is_ok()
+    }
+
+    /// Take the reports of the change just made, until none comes for a
+    /// while: one change is several events.
+    async fn drain(changes: &Changes) {
+        while reported(changes, Duration::from_millis(200)).await {}
     }
 
     #[tokio::test]
@@ -344,7 +357,7 @@ mod tests {
 
         std::fs::write(&file, b"first").unwrap();
         assert!(reported(&changes, within).await, "a file added");
-        while reported(&changes, Duration::from_millis(200)).await {}
+        drain(&changes).await;
         // A look lists the directory and reads nothing: no change of its
         // own, or the server would look for ever.
         assert_eq!(scan(&paths).len(), 1);
@@ -358,7 +371,7 @@ mod tests {
 
         std::fs::write(&file, b"second").unwrap();
         assert!(reported(&changes, within).await, "a file changed");
-        while reported(&changes, Duration::from_millis(200)).await {}
+        drain(&changes).await;
         std::fs::remove_file(&file).unwrap();
         assert!(reported(&changes, within).await, "a file removed");
     }
@@ -374,12 +387,12 @@ mod tests {
         std::fs::remove_dir(&plugins).unwrap();
         assert!(reported(&changes, within).await, "the directory removed");
         changes.rewatch();
-        while reported(&changes, Duration::from_millis(200)).await {}
+        drain(&changes).await;
         // Nothing watches the directory now: its parent's watch sees it back.
         std::fs::create_dir(&plugins).unwrap();
         assert!(reported(&changes, within).await, "the directory made again");
         changes.rewatch();
-        while reported(&changes, Duration::from_millis(200)).await {}
+        drain(&changes).await;
 
         std::fs::write(plugins.join("echo.wasm"), b"new").unwrap();
         assert!(reported(&changes, within).await, "a file added to the new directory");
