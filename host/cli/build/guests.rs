@@ -134,6 +134,9 @@ pub fn build(packages: &[(&str, &str)]) -> PathBuf {
         // them in the panic message.
         .arg("--quiet")
         .arg("--release")
+        // The workspace's release profile links the host with whole-program
+        // LTO; the guests gain nothing from it but build time.
+        .args(["--config", "profile.release.lto=false", "--config", "profile.release.codegen-units=16"])
         .arg("--target")
         .arg(TARGET)
         .arg("--manifest-path")
