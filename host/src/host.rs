@@ -810,11 +810,10 @@ mod tests {
         // On a thread of its own: were the epoch not started again, the loop
         // would never end, and the test fails instead of waiting on it.
         let (done, finished) = std::sync::mpsc::channel();
-        let caller = host.clone();
         let called = std::time::Instant::now();
         std::thread::spawn(move || {
             let call = [ToolUse::new("toolu_1", "hostile", serde_json::json!({ "act": "loop" }))];
-            let _ = done.send(runtime.block_on(caller.run_batch(&call)).results);
+            let _ = done.send(runtime.block_on(host.run_batch(&call)).results);
         });
         let results = finished.recv_timeout(std::time::Duration::from_secs(60)).expect("the loop stopped");
         let stopped = crate::ToolResult::error("toolu_1", "hostile failed: deadline of 300ms exceeded");
