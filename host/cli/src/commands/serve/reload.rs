@@ -200,6 +200,10 @@ struct Changes {
     paths: Arc<[PathBuf]>,
     /// None where no watch could be set.
     watcher: Option<notify::RecommendedWatcher>,
+    /// Whether some path is watched neither itself nor through the
+    /// directory that holds it, so that a change there may go unreported:
+    /// looks then come every [`POLL`] until a watch holds again.
+    blind: bool,
 }
 
 /// Whether an event leaves every file as it was: a file or directory
@@ -245,28 +249,59 @@ impl Changes {
                 None
             }
         };
-        let mut changes = Changes { reported, paths, watcher };
+        let mut changes = Changes { reported, paths, watcher, blind: false };
         changes.rewatch();
         changes
     }
 
     /// Watch every path and its directory again: one that was replaced is
     /// a new directory or file, and one that was missing may be back. A
-    /// path missing now is left to the next look.
+    /// path missing now is seen through its directory; one whose directory
+    /// is missing too, or that the kernel refuses to watch (its limit of
+    /// watches reached, say), is looked at every [`POLL`] instead.
     fn rewatch(&mut self) {
         use notify::Watcher;
         let Some(watcher) = &mut self.watcher else { return };
+        let mut refused = None;
+        let mut blind = false;
         for path in self.paths.iter() {
-            for watched in [Some(path.as_path()), path.parent()].into_iter().flatten() {
-                let _ = watcher.watch(watched, notify::RecursiveMode::NonRecursive);
+            let mut watched = false;
+            for dir in [Some(path.as_path()), path.parent()].into_iter().flatten() {
+                match watcher.watch(dir, notify::RecursiveMode::NonRecursive) {
+                    Ok(()) => watched = true,
+                    Err(error) if is_missing(&error) => {}
+                    Err(error) => refused = refused.or(Some((dir.to_path_buf(), error))),
+                }
+            }
+            blind |= !watched;
+        }
+        if blind && !self.blind {
+            match refused {
+                Some((dir, error)) => tracing::warn!(
+                    "cannot watch {}, looking at the plugin paths every {POLL:?}: {error}",
+                    dir.display()
+                ),
+                None => {
+                    tracing::debug!("a plugin path and its directory are missing; looking every {POLL:?}")
+                }
             }
         }
+        self.blind = blind;
     }
 
     /// Until a change is reported, or the time to look anyway has come.
     async fn next(&self) {
-        let period = if self.watcher.is_some() { FALLBACK } else { POLL };
+        let period = if self.watcher.is_some() && !self.blind { FALLBACK } else { POLL };
         let _ = tokio::time::timeout(period, self.reported.notified()).await;
+    }
+}
+
+/// Whether a watch failed only because there is nothing at its path.
+fn is_missing(error: &notify::Error) -> bool {
+    match &error.kind {
+        notify::ErrorKind::PathNotFound => true,
+        notify::ErrorKind::Io(error) => error.kind() == std::io::ErrorKind::NotFound,
+        _ => false,
     }
 }
 
@@ -350,6 +385,7 @@ mod tests {
         let paths = vec![plugins.clone()];
         let changes = Changes::watch(&paths);
         assert!(changes.watcher.is_some(), "inotify watches the plugin paths");
+        assert!(!changes.blind, "the plugin directory is watched");
         let file = plugins.join("echo.wasm");
         // Each well within the fallback's period: reported, not found by a
         // look at the end of it.
@@ -396,5 +432,23 @@ mod tests {
 
         std::fs::write(plugins.join("echo.wasm"), b"new").unwrap();
         assert!(reported(&changes, within).await, "a file added to the new directory");
+    }
+
+    #[tokio::test]
+    async fn a_path_whose_directory_is_missing_is_looked_at_often_until_it_can_be_watched() {
+        let root = tempfile::tempdir().unwrap();
+        let plugins = root.path().join("tools").join("plugins");
+        let mut changes = Changes::watch(std::slice::from_ref(&plugins));
+        assert!(changes.watcher.is_some(), "inotify is available");
+        assert!(changes.blind, "neither the path nor its directory exists to be watched");
+
+        std::fs::create_dir(root.path().join("tools")).unwrap();
+        changes.rewatch();
+        assert!(!changes.blind, "its directory is watched now");
+        drain(&changes).await;
+        std::fs::create_dir(&plugins).unwrap();
+        assert!(reported(&changes, FALLBACK / 4).await, "the plugin directory made");
+        changes.rewatch();
+        assert!(!changes.blind);
     }
 }
