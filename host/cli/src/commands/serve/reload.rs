@@ -262,18 +262,22 @@ impl Changes {
     fn rewatch(&mut self) {
         use notify::Watcher;
         let Some(watcher) = &mut self.watcher else { return };
+        // Why the first path watched by neither was refused, if it was.
         let mut refused = None;
         let mut blind = false;
         for path in self.paths.iter() {
-            let mut watched = false;
+            let (mut watched, mut refusal) = (false, None);
             for dir in [Some(path.as_path()), path.parent()].into_iter().flatten() {
                 match watcher.watch(dir, notify::RecursiveMode::NonRecursive) {
                     Ok(()) => watched = true,
                     Err(error) if is_missing(&error) => {}
-                    Err(error) => refused = refused.or(Some((dir.to_path_buf(), error))),
+                    Err(error) => refusal = refusal.or(Some((dir.to_path_buf(), error))),
                 }
             }
-            blind |= !watched;
+            if !watched {
+                blind = true;
+                refused = refused.or(refusal);
+            }
         }
         if blind && !self.blind {
             match refused {
