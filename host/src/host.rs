@@ -800,7 +800,7 @@ mod tests {
             Limits { fuel: u64::MAX, deadline: std::time::Duration::from_millis(300), ..Limits::default() };
         let builder = Host::builder().workspace(dir.path()).cache_dir(None).limits(limits).plugins(&hostile);
         let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
-        let host = Arc::new(runtime.block_on(builder.build()).unwrap());
+        let host = runtime.block_on(builder.build()).unwrap();
         let ticker = host.runtime.as_ref().and_then(|runtime| runtime.ticker()).expect("a metered engine");
         let idle = std::time::Instant::now();
         while !ticker.is_stopped() {
