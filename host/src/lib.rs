@@ -50,7 +50,10 @@ pub use content::{Content, ContentBlock, Image};
 pub use contract::CONTRACT_VERSION;
 pub use error::{Error, Result};
 pub use events::Event;
-pub use host::{BatchRun, Environment, Host, HostBuilder, load_plugins, lock_entries};
+pub use host::{
+    BatchRun, Environment, Host, HostBuilder, STACK_PREFAULT, load_plugins, lock_entries,
+    prefault_thread_stack,
+};
 pub use limits::Limits;
 pub use load::sandbox::defer_teardown_on_this_thread;
 pub use run::context;

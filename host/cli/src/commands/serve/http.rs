@@ -170,6 +170,8 @@ pub async fn serve(
         std::thread::Builder::new().name(format!("keel-http-{core}")).spawn(move || {
             // A call's reply goes out before its sandbox is torn down.
             keel_host::defer_teardown_on_this_thread();
+            // Its calls run on this thread's stack, not on a worker's.
+            keel_host::prefault_thread_stack();
             let served = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
