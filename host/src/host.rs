@@ -740,31 +740,75 @@ mod tests {
     }
 
     /// Use `SIZE` bytes of stack below this frame; give the faults it took.
+    /// The frame that uses them is a call of its own: a frame's pages are
+    /// touched as it is entered, by the compiler's stack probes.
     #[cfg(target_os = "linux")]
-    #[inline(never)]
     fn faults_going_deep<const SIZE: usize>() -> u64 {
+        #[inline(never)]
+        fn go_deep<const SIZE: usize>() {
+            let mut frame = [1u8; SIZE];
+            std::hint::black_box(&mut frame);
+        }
+        // The first read in a process maps pages of its own.
+        let _ = minor_faults();
         let before = minor_faults();
-        let mut frame = [1u8; SIZE];
-        std::hint::black_box(&mut frame);
+        go_deep::<SIZE>();
         minor_faults() - before
     }
 
+    /// Going [`DEEP`] bytes down a new thread's stack, prefaulted first
+    /// when `KEEL_STACK_PROBE` is `prefaulted`: the faults it took, printed.
+    /// Run by the test below in a process of its own, whose one new thread
+    /// has a stack nothing touched before: in a process that has ended
+    /// threads, a new thread may get one's stack, mapped already.
     #[cfg(target_os = "linux")]
     #[test]
-    fn a_prefaulted_stack_maps_no_page_as_a_call_goes_deep() {
-        const DEEP: usize = 96 << 10;
-        // A stack too small to hold a huge page: each fault then maps at most
-        // a few pages, however the kernel sets transparent huge pages.
-        let thread = || std::thread::Builder::new().stack_size(1 << 20);
-        let fresh = thread().spawn(faults_going_deep::<DEEP>).unwrap().join().unwrap();
-        let prefaulted = thread()
-            .spawn(|| {
-                super::prefault_thread_stack();
+    #[ignore = "run in a process of its own by a_prefaulted_stack_maps_no_page_as_a_call_goes_deep"]
+    fn stack_faults_probe() {
+        let prefault = std::env::var("KEEL_STACK_PROBE").is_ok_and(|mode| mode == "prefaulted");
+        // Too small a stack to hold a huge page, which a kernel may map at
+        // the first touch.
+        let faults = std::thread::Builder::new()
+            .stack_size(1 << 20)
+            .spawn(move || {
+                if prefault {
+                    super::prefault_thread_stack();
+                }
                 faults_going_deep::<DEEP>()
             })
             .unwrap()
             .join()
             .unwrap();
+        println!("stack faults: {faults}");
+    }
+
+    #[cfg(target_os = "linux")]
+    const DEEP: usize = 96 << 10;
+
+    /// The faults [`stack_faults_probe`] counted in a process of its own.
+    #[cfg(target_os = "linux")]
+    fn probe_stack_faults(mode: &str) -> u64 {
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "host::tests::stack_faults_probe",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .env("KEEL_STACK_PROBE", mode)
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        let faults = stdout.lines().find_map(|line| line.split("stack faults: ").nth(1));
+        let faults = faults.unwrap_or_else(|| panic!("the probe printed no faults: {stdout}"));
+        faults.trim().parse().unwrap()
+    }
+
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn a_prefaulted_stack_maps_no_page_as_a_call_goes_deep() {
+        let (fresh, prefaulted) = (probe_stack_faults("fresh"), probe_stack_faults("prefaulted"));
         assert!(fresh > 0, "a fresh thread's stack took no fault to go {DEEP} bytes deep");
         assert_eq!(prefaulted, 0, "a prefaulted stack still took faults (a fresh one took {fresh})");
     }
