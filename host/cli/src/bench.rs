@@ -103,12 +103,7 @@ fn median(mut samples: Vec<f64>) -> f64 {
 
 /// A runtime of `workers` threads, set up as `keel serve` sets up its own.
 fn runtime(workers: usize) -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(workers)
-        .enable_all()
-        .on_thread_park(keel_host::prefault_thread_stack)
-        .build()
-        .expect("a tokio runtime")
+    crate::call_runtime().worker_threads(workers).build().expect("a tokio runtime")
 }
 
 fn cores() -> usize {

@@ -397,13 +397,14 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
             percentile(native_samples, 99.0),
             "µs",
         ));
+        let (keel_at, native_at) = ([keel.addr], [native.addr]);
         let rounds = options.scale(7, 1);
         for clients in [1, 10, 100] {
             let per_round = options.scale(1_000.max(clients * 20), 300.max(clients * 3));
             let (keel_rate, native_rate) = paired_rates(
                 rounds,
-                || throughput(std::slice::from_ref(&keel.addr), clients, per_round, Asked::Echo),
-                || throughput(std::slice::from_ref(&native.addr), clients, per_round, Asked::Echo),
+                || throughput(&keel_at, clients, per_round, Asked::Echo),
+                || throughput(&native_at, clients, per_round, Asked::Echo),
             )
             .await?;
             report(
@@ -431,8 +432,8 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
         let per_round = options.scale(1_000, 300);
         let (keel_rate, native_rate) = paired_rates(
             rounds,
-            || throughput(std::slice::from_ref(&keel.addr), 10, per_round, Asked::NoTool),
-            || throughput(std::slice::from_ref(&native.addr), 10, per_round, Asked::Echo),
+            || throughput(&keel_at, 10, per_round, Asked::NoTool),
+            || throughput(&native_at, 10, per_round, Asked::Echo),
         )
         .await?;
         report(Figure::new(
@@ -446,7 +447,7 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
         let (two, one) = paired_rates(
             rounds,
             || throughput(&replicas, 10, per_round, Asked::Echo),
-            || throughput(std::slice::from_ref(&keel.addr), 10, per_round, Asked::Echo),
+            || throughput(&keel_at, 10, per_round, Asked::Echo),
         )
         .await?;
         drop(second);
@@ -517,9 +518,9 @@ fn memory(
             "MiB",
         ));
         let (first, total) = (options.scale(1_000, 200), options.scale(10_000, 2_000));
-        throughput(std::slice::from_ref(&keel.addr), 10, first, Asked::Echo).await?;
+        throughput(&[keel.addr], 10, first, Asked::Echo).await?;
         let after_first = resident_kib(&keel.pid().to_string())?;
-        throughput(std::slice::from_ref(&keel.addr), 10, total - first, Asked::Echo).await?;
+        throughput(&[keel.addr], 10, total - first, Asked::Echo).await?;
         let after_all = resident_kib(&keel.pid().to_string())?;
         report(
             Figure::new(

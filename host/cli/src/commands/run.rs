@@ -127,10 +127,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         trace::check_writable(path, "timeline")?;
     }
     let mut recording = Recording::of_batch(uses.iter().map(|call| (call.id.as_str(), call.name.as_str())));
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .on_thread_park(keel_host::prefault_thread_stack)
-        .build()?;
+    let runtime = keel_cli::call_runtime().build()?;
     let (results, wall) = runtime.block_on(async {
         let mut builder = args.host.builder_without_config()?.config(config);
         // With someone at the keyboard a call that needs approval is asked

@@ -80,10 +80,7 @@ fn say(line: std::fmt::Arguments<'_>) {
 /// on stdin and stdout until the client closes stdin, or over HTTP; either
 /// until `SIGINT` or `SIGTERM` ([`stop`]).
 pub fn run(args: &ServeArgs) -> Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .on_thread_park(keel_host::prefault_thread_stack)
-        .build()?;
+    let runtime = keel_cli::call_runtime().build()?;
     // From the start: a signal while the plugins load, or before a client
     // sends `initialize`, stops the server too.
     let stopping = CancellationToken::new();
