@@ -37,9 +37,10 @@ pub const NATIVE_ECHO_HTTP_ARGS: [&str; 2] = ["bench", "--serve-native-echo-http
 const SERVING: &str = "serving MCP on http://";
 
 /// Serve the native echo on streamable HTTP, on the same rmcp service and
-/// connection builder `keel serve --http` uses, until killed.
+/// connection builder `keel serve --http` uses and on the runtime it runs
+/// calls on ([`crate::call_runtime`]), until killed.
 pub fn serve_native_echo_http() -> std::io::Result<()> {
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = crate::call_runtime().build()?;
     runtime.block_on(async {
         // As `keel serve --http` configures it.
         let config = StreamableHttpServerConfig::default().with_json_response(true);

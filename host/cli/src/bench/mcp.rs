@@ -39,8 +39,9 @@ const NO_TOOL: &str = "no-such-tool";
 /// stdio pipes, one `echo` tool answered natively. Serves until the client
 /// closes stdin.
 pub fn serve_native_echo() -> std::io::Result<()> {
-    // The runtime of `keel serve`, so the two servers differ only in the tool.
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // The runtime of `keel serve` (`call_runtime`), so the two servers differ
+    // only in the tool.
+    let runtime = crate::call_runtime().build()?;
     runtime.block_on(async {
         let (stdin, stdout) = rmcp::transport::stdio_pipes();
         let transport = AsyncRwTransport::new_server(stdin, stdout);
