@@ -911,6 +911,59 @@ mod tests {
         });
     }
 
+    /// On a worker that tears its sandboxes down when idle, a call's
+    /// sandbox outlives its answer until the worker goes idle, at most one
+    /// a worker; a worker that stops tears its own down too.
+    #[test]
+    fn a_worker_tears_its_last_sandbox_down_when_it_goes_idle() {
+        let dir = tempfile::tempdir().unwrap();
+        let echo = keel_tests::guest("keel_tool_echo");
+        let host = Arc::new(build(dir.path(), &[&echo]).unwrap());
+        let engine = host.runtime.as_ref().expect("an engine for the plugins it loaded").engine().clone();
+        let live =
+            move || engine.pooling_allocator_metrics().expect("a pooling engine").component_instances();
+        let live = Arc::new(live);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .on_thread_park(crate::tear_down_when_idle)
+            .on_thread_stop(crate::tear_down_when_idle)
+            .build()
+            .unwrap();
+        let calls = |host: Arc<Host>, ids: [&'static str; 2]| {
+            let live = live.clone();
+            async move {
+                let mut seen = Vec::new();
+                for id in ids {
+                    let call = [ToolUse::new(id, "echo", serde_json::json!({ "text": "hi" }))];
+                    assert_eq!(host.run_batch(&call).await.results, vec![crate::ToolResult::ok(id, "hi")]);
+                    seen.push(live());
+                }
+                seen
+            }
+        };
+        let wait_for = |want: u64| {
+            for _ in 0..500 {
+                if live() == want {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            assert_eq!(live(), want);
+        };
+        // Once the worker has gone idle (or been told as if it had: when it
+        // first parks is its own), its calls leave their sandbox waiting,
+        // and one waits at most.
+        runtime.block_on(runtime.spawn(async { crate::tear_down_when_idle() })).unwrap();
+        let first = runtime.block_on(runtime.spawn(calls(host.clone(), ["toolu_1", "toolu_2"]))).unwrap();
+        assert_eq!(first, [1, 1], "the first waits, the second is torn down at once");
+        wait_for(0);
+        let second = runtime.block_on(runtime.spawn(calls(host, ["toolu_3", "toolu_4"]))).unwrap();
+        assert_eq!(second, [1, 1], "and again once it went idle");
+        drop(runtime);
+        assert_eq!(live(), 0, "torn down as the worker stopped");
+    }
+
     /// An engine with no live instance for a second stops advancing its
     /// epoch, and the next sandbox starts it again before its guest runs: a
     /// loop with no fuel limit, called then, still stops at its deadline.

@@ -55,7 +55,7 @@ pub use host::{
     prefault_thread_stack,
 };
 pub use limits::Limits;
-pub use load::sandbox::defer_teardown_on_this_thread;
+pub use load::sandbox::{defer_teardown_on_this_thread, tear_down_when_idle};
 pub use run::context;
 pub use run::interrupt::Interrupt;
 pub use run::scheduler::BatchOutcome;

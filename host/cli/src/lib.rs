@@ -11,10 +11,18 @@ pub mod fixture;
 /// The multi-thread runtime of the commands that run calls (`keel serve`,
 /// `keel run`) and of the figures that measure them: each worker maps its
 /// stack ahead of its first call as it first goes idle
-/// ([`keel_host::prefault_thread_stack`]; blocking threads never park, and
-/// run no call).
+/// ([`keel_host::prefault_thread_stack`]), and tears the sandbox of the last
+/// call it answered down as it goes idle, after the reply has gone out
+/// ([`keel_host::tear_down_when_idle`]), or as it stops. Blocking threads
+/// never park, and run no call.
 pub fn call_runtime() -> tokio::runtime::Builder {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
-    builder.enable_all().on_thread_park(keel_host::prefault_thread_stack);
+    builder
+        .enable_all()
+        .on_thread_park(|| {
+            keel_host::prefault_thread_stack();
+            keel_host::tear_down_when_idle();
+        })
+        .on_thread_stop(keel_host::tear_down_when_idle);
     builder
 }

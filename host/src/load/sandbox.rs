@@ -738,10 +738,40 @@ enum Teardown {
     /// After the thread has run what was ready; `waiting` while a sandbox
     /// waits so.
     Deferred { waiting: bool },
+    /// When the thread next goes idle, in [`tear_down_when_idle`]; the
+    /// sandbox waits in [`IDLE`].
+    WhenIdle,
 }
 
 thread_local! {
     static TEARDOWN: std::cell::Cell<Teardown> = const { std::cell::Cell::new(Teardown::Inline) };
+    /// The sandbox of a call answered on this thread, waiting for the
+    /// thread to go idle ([`Teardown::WhenIdle`]).
+    static IDLE: std::cell::RefCell<Option<Sandbox>> = const { std::cell::RefCell::new(None) };
+}
+
+/// For a worker of a runtime of many threads, called each time it goes
+/// idle and as it stops (tokio's `on_thread_park` and `on_thread_stop`, as
+/// `keel serve` and `keel run` set them): tear down the
+/// sandbox of the last call answered on this thread, if one waits; and from
+/// the first time on, let calls answered on this thread leave their sandbox
+/// to wait so. The reply then goes out before the teardown (resetting the
+/// memory the instance dirtied, a third of a sandbox's cost), which follows
+/// on the same thread, whose caches hold the store, once the thread has run
+/// what was ready. At most one sandbox a thread waits so: a call answered
+/// while one waits tears its own down at once, and a sandbox still waiting
+/// when its thread ends goes with the thread's locals.
+///
+/// A runtime's blocking threads never park, so they are never asked; a
+/// thread that drives a current-thread runtime has
+/// [`defer_teardown_on_this_thread`] instead.
+pub fn tear_down_when_idle() {
+    if TEARDOWN.get() == Teardown::Inline {
+        TEARDOWN.set(Teardown::WhenIdle);
+    }
+    // Taken out first: the teardown runs outside the borrow.
+    let waiting = IDLE.try_with(|idle| idle.borrow_mut().take()).ok().flatten();
+    drop(waiting);
 }
 
 /// Let calls answered on this thread tear their sandbox down after the
@@ -767,8 +797,10 @@ impl Sandbox {
     /// every worker pass here.
     pub(crate) fn retire(self) {
         use tokio::runtime::{Handle, RuntimeFlavor};
-        if TEARDOWN.get() != (Teardown::Deferred { waiting: false }) {
-            return drop(self);
+        match TEARDOWN.get() {
+            Teardown::Deferred { waiting: false } => {}
+            Teardown::WhenIdle => return self.wait_for_idle(),
+            _ => return drop(self),
         }
         let runtime = match Handle::try_current() {
             Ok(runtime) if runtime.runtime_flavor() == RuntimeFlavor::CurrentThread => runtime,
@@ -782,6 +814,26 @@ impl Sandbox {
             tokio::task::yield_now().await;
             drop(retiring);
         });
+    }
+}
+
+impl Sandbox {
+    /// Wait in [`IDLE`] for this thread to go idle, unless another waits
+    /// there: then be torn down at once.
+    fn wait_for_idle(self) {
+        // What the guest printed is logged now, not when the teardown runs.
+        self.store.data().log_output();
+        // Refused, it comes back and is torn down here, out of the borrow; on
+        // a thread that is ending, it is torn down with the closure.
+        let refused = IDLE.try_with(move |idle| {
+            let mut idle = idle.borrow_mut();
+            if idle.is_some() {
+                return Some(self);
+            }
+            *idle = Some(self);
+            None
+        });
+        drop(refused);
     }
 }
 
