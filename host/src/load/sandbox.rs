@@ -792,7 +792,8 @@ pub fn defer_teardown_on_this_thread() {
 
 impl Sandbox {
     /// Tear it down once its call is answered: at once, unless this thread
-    /// defers its teardowns ([`defer_teardown_on_this_thread`]) and no other
+    /// defers its teardowns ([`defer_teardown_on_this_thread`]) or leaves
+    /// them until it goes idle ([`tear_down_when_idle`]), and no other
     /// sandbox of it waits. Deciding reads one thread-local, because calls on
     /// every worker pass here.
     pub(crate) fn retire(self) {
@@ -815,9 +816,7 @@ impl Sandbox {
             drop(retiring);
         });
     }
-}
 
-impl Sandbox {
     /// Wait in [`IDLE`] for this thread to go idle, unless another waits
     /// there: then be torn down at once.
     fn wait_for_idle(self) {
