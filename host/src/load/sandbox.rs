@@ -820,15 +820,17 @@ impl Sandbox {
     /// Wait in [`IDLE`] for this thread to go idle, unless another waits
     /// there: then be torn down at once.
     fn wait_for_idle(self) {
-        // What the guest printed is logged now, not when the teardown runs.
-        self.store.data().log_output();
         // Refused, it comes back and is torn down here, out of the borrow; on
-        // a thread that is ending, it is torn down with the closure.
+        // a thread that is ending, it is torn down with the closure. Either
+        // way its teardown logs what the guest printed.
         let refused = IDLE.try_with(move |idle| {
             let mut idle = idle.borrow_mut();
             if idle.is_some() {
                 return Some(self);
             }
+            // Kept, what the guest printed is logged now, not when the
+            // teardown runs.
+            self.store.data().log_output();
             *idle = Some(self);
             None
         });
