@@ -17,6 +17,7 @@
 
 mod approval;
 mod arrivals;
+mod fast_calls;
 mod forward;
 mod http;
 mod metrics;
@@ -166,10 +167,12 @@ async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
         return http::serve(server, addr, &args.http, endpoint).await;
     }
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
-    let stdin = oversized::BoundedLines::new(stdin, oversized::MAX_MESSAGE_BYTES);
+    let lane = fast_calls::CallLane::default();
+    let stdin =
+        oversized::BoundedLines::new(stdin, oversized::MAX_MESSAGE_BYTES).decoding_calls(lane.clone());
     // The lines are bounded below; a stand-in for one too large is short.
     let rw = AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(oversized::MAX_MESSAGE_BYTES);
-    let transport = Arrivals::new(rw, server.live.clone());
+    let transport = Arrivals::new(rw, server.live.clone(), lane);
     tracing::info!("serving {} tools over MCP on stdio", server.live.current().tools.len());
     let stopping = server.stopping.clone();
     let Some(service) = stopping.run_until_cancelled(server.serve(transport)).await else {

@@ -19,6 +19,7 @@ use rmcp::transport::Transport;
 
 use keel_host::Arrival;
 
+use super::fast_calls::{self, CallLane};
 use super::{Live, Shelf};
 
 /// A `tools/call`'s place: its arrival, in the stream of the pool served
@@ -35,13 +36,16 @@ pub struct Stamped {
 pub struct Arrivals<T> {
     inner: T,
     shelf: Shelf,
+    /// The calls decoded beneath `inner`.
+    lane: CallLane,
 }
 
 impl<T> Arrivals<T> {
-    /// Stamp the requests `inner` reads with arrivals in the stream of the
-    /// pool `shelf` holds as each is read.
-    pub fn new(inner: T, shelf: Shelf) -> Self {
-        Arrivals { inner, shelf }
+    /// Stamp the requests `inner` reads, and the calls decoded beneath it
+    /// into `lane` ([`fast_calls`]), with arrivals in the stream of the pool
+    /// `shelf` holds as each is read.
+    pub fn new(inner: T, shelf: Shelf, lane: CallLane) -> Self {
+        Arrivals { inner, shelf, lane }
     }
 }
 
@@ -62,7 +66,7 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
         // Cancel-safe as the inner `receive` is: the arrival is taken only
         // once a whole message was read.
-        let mut message = self.inner.receive().await?;
+        let mut message = fast_calls::receive(&mut self.inner, &self.lane).await?;
         if let JsonRpcMessage::Request(JsonRpcRequest {
             request: ClientRequest::CallToolRequest(call), ..
         }) = &mut message

@@ -9,12 +9,20 @@
 //! the server answers with an error naming the cap. A line whose id cannot be
 //! found in its first [`ID_SCAN_BYTES`] (or that is no request) is dropped
 //! with a warning, as there is no one to answer.
+//!
+//! Reading every line first, it is also where a plain `tools/call` request
+//! is decoded without rmcp's slower way ([`fast_calls`]).
 
 use std::io;
+use std::ops::Range;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
+use rmcp::RoleServer;
+use rmcp::service::RxJsonRpcMessage;
 use tokio::io::{AsyncRead, ReadBuf};
+
+use super::fast_calls::{self, CallLane};
 
 /// The largest message read from stdio: 16 MiB, four times the input cap,
 /// for a request whose input the host would refuse anyway with a clear error.
@@ -44,44 +52,71 @@ pub struct BoundedLines<R> {
     given: usize,
     /// The buffer reads go into, kept from read to read.
     chunk: Box<[u8]>,
+    /// The part of `chunk` read but not yet taken into lines.
+    unread: Range<usize>,
+    /// Where a `tools/call` line decoded here goes instead of being handed
+    /// out ([`fast_calls`]).
+    lane: Option<CallLane>,
 }
 
 impl<R> BoundedLines<R> {
     /// Lines of `inner` of at most `cap` bytes.
     pub fn new(inner: R, cap: usize) -> Self {
         let chunk = vec![0; 64 << 10].into_boxed_slice();
-        BoundedLines { inner, cap, held: Vec::new(), skipping: None, out: Vec::new(), given: 0, chunk }
+        BoundedLines {
+            inner,
+            cap,
+            held: Vec::new(),
+            skipping: None,
+            out: Vec::new(),
+            given: 0,
+            chunk,
+            unread: 0..0,
+            lane: None,
+        }
     }
 
-    /// Take `data`, just read.
-    fn take(&mut self, mut data: &[u8]) {
-        while !data.is_empty() {
-            let newline = data.iter().position(|&b| b == b'\n');
-            let (part, ends) = match newline {
-                Some(at) => (&data[..=at], true),
-                None => (data, false),
-            };
-            data = &data[part.len()..];
-            match &mut self.skipping {
-                Some(size) => *size += part.len(),
-                None if self.held.len() + part.len() > self.cap => {
-                    let size = self.held.len() + part.len();
-                    self.held.extend_from_slice(
-                        &part[..ID_SCAN_BYTES.saturating_sub(self.held.len()).min(part.len())],
-                    );
-                    self.held.truncate(ID_SCAN_BYTES);
-                    self.skipping = Some(size);
-                }
-                None => self.held.extend_from_slice(part),
+    /// Also decode each whole line that is a plain `tools/call` request, and
+    /// put it in `lane` instead of handing it out ([`fast_calls`]). A read
+    /// that puts one there is left pending, with no wake-up: whoever reads
+    /// these lines must take it from the lane then ([`fast_calls::receive`]).
+    pub fn decoding_calls(mut self, lane: CallLane) -> Self {
+        self.lane = Some(lane);
+        self
+    }
+
+    /// Take `data`, just read, up to the end of its first line: how many
+    /// bytes were taken, and the call decoded if that line was one.
+    fn take(&mut self, data: &[u8]) -> (usize, Option<RxJsonRpcMessage<RoleServer>>) {
+        let newline = data.iter().position(|&b| b == b'\n');
+        let (part, ends) = match newline {
+            Some(at) => (&data[..=at], true),
+            None => (data, false),
+        };
+        match &mut self.skipping {
+            Some(size) => *size += part.len(),
+            None if self.held.len() + part.len() > self.cap => {
+                let size = self.held.len() + part.len();
+                self.held.extend_from_slice(
+                    &part[..ID_SCAN_BYTES.saturating_sub(self.held.len()).min(part.len())],
+                );
+                self.held.truncate(ID_SCAN_BYTES);
+                self.skipping = Some(size);
             }
-            if ends {
-                match self.skipping.take() {
-                    Some(size) => self.replace(size),
-                    None => self.out.extend_from_slice(&self.held),
-                }
-                self.held.clear();
-            }
+            None => self.held.extend_from_slice(part),
         }
+        let mut decoded = None;
+        if ends {
+            match self.skipping.take() {
+                Some(size) => self.replace(size),
+                None => match self.lane.as_ref().and_then(|_| fast_calls::decode(&self.held)) {
+                    Some(call) => decoded = Some(call),
+                    None => self.out.extend_from_slice(&self.held),
+                },
+            }
+            self.held.clear();
+        }
+        (part.len(), decoded)
     }
 
     /// Hand out, in place of an oversized line of `size` bytes whose start
@@ -123,17 +158,23 @@ impl<R: AsyncRead + Unpin> AsyncRead for BoundedLines<R> {
                 }
                 return Poll::Ready(Ok(()));
             }
-            let mut chunk = std::mem::take(&mut this.chunk);
-            let mut read = ReadBuf::new(&mut chunk);
-            let polled = Pin::new(&mut this.inner).poll_read(cx, &mut read);
-            let filled = read.filled().len();
-            if let Poll::Ready(Ok(())) = polled
-                && filled > 0
-            {
-                this.take(&chunk[..filled]);
+            if !this.unread.is_empty() {
+                // One line at a time: a call decoded here must come after
+                // every line handed out before it, and before any after it.
+                let chunk = std::mem::take(&mut this.chunk);
+                let (taken, decoded) = this.take(&chunk[this.unread.clone()]);
+                this.chunk = chunk;
+                this.unread.start += taken;
+                if let (Some(call), Some(lane)) = (decoded, &this.lane) {
+                    lane.put(call);
+                    return Poll::Pending;
+                }
+                continue;
             }
-            this.chunk = chunk;
-            ready!(polled)?;
+            let mut read = ReadBuf::new(&mut this.chunk);
+            ready!(Pin::new(&mut this.inner).poll_read(cx, &mut read))?;
+            let filled = read.filled().len();
+            this.unread = 0..filled;
             if filled == 0 {
                 // The end: a last line without a newline goes as it is.
                 if this.skipping.is_none() && !this.held.is_empty() {

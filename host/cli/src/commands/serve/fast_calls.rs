@@ -1,0 +1,267 @@
+//! `tools/call` requests on stdio decoded by keel; every other message by
+//! rmcp.
+//!
+//! rmcp decodes a line by trying each kind of message, then each kind of
+//! request, in turn (serde's untagged enums), buffering the message and
+//! building an error for every kind that does not fit. For a `tools/call`
+//! that costs about three times what the decoding itself does, and a tenth
+//! of the server's CPU per call. The lines are read beneath rmcp's transport
+//! ([`BoundedLines`]); one that is a plain `tools/call` request, the four
+//! members of a JSON-RPC request and no other, is decoded there by
+//! [`decode`] into the very message rmcp would make of it, with rmcp's own
+//! types, and is put in the [`CallLane`] instead of passed on. [`receive`]
+//! takes it from there. Every other line, and any `tools/call` that
+//! [`decode`] does not take whole, goes to rmcp's transport as before, with
+//! its error replies and compatibility rules.
+//!
+//! Order is kept: a line is decoded only once the transport has read every
+//! line before it, and the transport reads no line after it until the
+//! message is taken.
+//!
+//! [`BoundedLines`]: super::oversized::BoundedLines
+
+use std::future::poll_fn;
+use std::pin::pin;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
+
+use rmcp::RoleServer;
+use rmcp::model::{CallToolRequest, ClientRequest, JsonRpcMessage, JsonRpcRequest, RequestId};
+use rmcp::service::RxJsonRpcMessage;
+use rmcp::transport::Transport;
+use serde::Deserialize;
+use serde::de::IgnoredAny;
+
+/// Where a line decoded beneath the transport waits for [`receive`]: one
+/// message at most, as the lines stop there until it is taken.
+#[derive(Clone, Default)]
+pub struct CallLane(Arc<Mutex<Option<RxJsonRpcMessage<RoleServer>>>>);
+
+impl CallLane {
+    /// Leave `message` for [`receive`].
+    pub fn put(&self, message: RxJsonRpcMessage<RoleServer>) {
+        let mut slot = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        debug_assert!(slot.is_none(), "a decoded message was left untaken");
+        *slot = Some(message);
+    }
+
+    /// The message left, if any.
+    pub fn take(&self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        self.0.lock().unwrap_or_else(PoisonError::into_inner).take()
+    }
+}
+
+/// The next message of `transport`, whose lines are read by a
+/// [`BoundedLines`] that puts the calls it decodes in `lane`.
+///
+/// Cancel-safe as the transport's own `receive` is: a message is taken
+/// from the lane only when it is returned.
+///
+/// [`BoundedLines`]: super::oversized::BoundedLines
+pub async fn receive<T: Transport<RoleServer>>(
+    transport: &mut T,
+    lane: &CallLane,
+) -> Option<RxJsonRpcMessage<RoleServer>> {
+    if let Some(message) = lane.take() {
+        return Some(message);
+    }
+    let mut receiving = pin!(transport.receive());
+    // The lines stop where a call was decoded: the transport's read then
+    // waits, and the call is what comes next.
+    poll_fn(|cx| match receiving.as_mut().poll(cx) {
+        Poll::Ready(message) => Poll::Ready(message),
+        Poll::Pending => lane.take().map_or(Poll::Pending, |message| Poll::Ready(Some(message))),
+    })
+    .await
+}
+
+/// The message rmcp makes of `line` when it is a `tools/call` request with
+/// exactly the members `jsonrpc` (`"2.0"`), `id`, `method` and `params`,
+/// each written without escapes where it is a name; `None` for any other
+/// line, which is left to rmcp.
+pub fn decode(line: &[u8]) -> Option<RxJsonRpcMessage<RoleServer>> {
+    /// A request's members but `params`, which [`CallToolRequest`] reads.
+    /// Any other member (a `result`, an `error`) leaves the line to rmcp,
+    /// which knows what to make of it.
+    #[derive(Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct Head<'a> {
+        jsonrpc: &'a str,
+        id: RequestId,
+        method: &'a str,
+        #[expect(dead_code, reason = "present, read by `CallToolRequest`")]
+        params: IgnoredAny,
+    }
+    let head: Head<'_> = serde_json::from_slice(line).ok()?;
+    if head.jsonrpc != "2.0" || head.method != "tools/call" {
+        return None;
+    }
+    // rmcp's own request type reads `method` and `params` (with `_meta`)
+    // and passes over the rest.
+    let call: CallToolRequest = serde_json::from_slice(line).ok()?;
+    Some(JsonRpcMessage::Request(JsonRpcRequest::new(head.id, ClientRequest::CallToolRequest(call))))
+}
+
+#[cfg(test)]
+mod tests {
+    use rmcp::model::ClientNotification;
+    use rmcp::transport::async_rw::AsyncRwTransport;
+    use tokio::io::AsyncWriteExt as _;
+
+    use super::super::oversized::BoundedLines;
+    use super::*;
+
+    /// What rmcp's transport makes of `line`.
+    fn rmcp_decodes(line: &str) -> RxJsonRpcMessage<RoleServer> {
+        serde_json::from_str(line).expect("rmcp decodes the line")
+    }
+
+    #[test]
+    fn a_call_decodes_to_the_message_rmcp_makes() {
+        for line in [
+            r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":"hi"}}}"#,
+            r#"{"method":"tools/call","params":{"name":"echo"},"id":"a\"b","jsonrpc":"2.0"}"#,
+            r#" { "jsonrpc" : "2.0" , "id" : 1e2 , "method" : "tools/call" , "params" : { "name" : "e\u0063ho" } } "#,
+            r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"echo","arguments":{"a":[1,{"b":null}]},"_meta":{"progressToken":"p-1","x":{"y":2}}}}"#,
+            "{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}\r\n",
+        ] {
+            let fast = decode(line.as_bytes()).unwrap_or_else(|| panic!("decoded: {line}"));
+            let expected = rmcp_decodes(line);
+            assert_eq!(
+                serde_json::to_string(&fast).unwrap(),
+                serde_json::to_string(&expected).unwrap(),
+                "{line}"
+            );
+            assert!(
+                matches!(
+                    fast,
+                    JsonRpcMessage::Request(JsonRpcRequest {
+                        request: ClientRequest::CallToolRequest(_),
+                        ..
+                    })
+                ),
+                "{line}"
+            );
+        }
+    }
+
+    #[test]
+    fn anything_but_a_plain_call_is_left_to_rmcp() {
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":{}}"#,
+            r#"{"jsonrpc":"2.0","method":"tools/call","params":{"name":"echo"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call"}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"},"result":{}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"},"extra":1}"#,
+            r#"{"jsonrpc":"1.0","id":1,"method":"tools/call","params":{"name":"echo"}}"#,
+            r#"{"jsonrpc":"2.0","id":null,"method":"tools/call","params":{"name":"echo"}}"#,
+            r#"{"jsonrpc":"2.0","id":1.5,"method":"tools/call","params":{"name":"echo"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools\/call","params":{"name":"echo"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"id":2,"method":"tools/call","params":{"name":"echo"}}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"arguments":{}}}"#,
+            "\u{feff}{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}",
+            r#"[{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo"}}]"#,
+            "not json",
+        ] {
+            assert!(decode(line.as_bytes()).is_none(), "{line}");
+        }
+    }
+
+    /// Messages in the order `receive` gives them, for `input` written in
+    /// pieces of `piece` bytes.
+    async fn received(input: &str, piece: usize) -> Vec<String> {
+        let (mut client, server) = tokio::io::duplex(64);
+        let lane = CallLane::default();
+        let lines = BoundedLines::new(server, 200).decoding_calls(lane.clone());
+        let mut transport = AsyncRwTransport::new_server(lines, tokio::io::sink()).with_max_line_length(200);
+        let input = input.as_bytes().to_vec();
+        let writer = tokio::spawn(async move {
+            for part in input.chunks(piece) {
+                client.write_all(part).await.unwrap();
+            }
+        });
+        let mut out = Vec::new();
+        while let Some(message) = receive(&mut transport, &lane).await {
+            out.push(match message {
+                JsonRpcMessage::Request(request) => {
+                    let kind = match &request.request {
+                        ClientRequest::CallToolRequest(call) => format!("call {}", call.params.name),
+                        other => other.method().to_owned(),
+                    };
+                    format!("{kind} #{}", request.id)
+                }
+                JsonRpcMessage::Notification(notification) => match notification.notification {
+                    ClientNotification::InitializedNotification(_) => "initialized".to_owned(),
+                    other => format!("{other:?}"),
+                },
+                other => format!("{other:?}"),
+            });
+        }
+        writer.await.unwrap();
+        assert!(lane.take().is_none(), "nothing is left in the lane");
+        out
+    }
+
+    #[tokio::test]
+    async fn calls_and_other_messages_arrive_in_the_order_sent() {
+        let call = |id: u32, name: &str| {
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"tools/call\",\"params\":{{\"name\":\"{name}\"}}}}\n"
+            )
+        };
+        let input = [
+            "{\"jsonrpc\":\"2.0\",\"method\":\"notifications/initialized\"}\n".to_owned(),
+            call(1, "a"),
+            call(2, "b"),
+            "{\"jsonrpc\":\"2.0\",\"id\":3,\"method\":\"tools/list\"}\n".to_owned(),
+            // Left to rmcp: a member the fast decoding does not know.
+            "{\"jsonrpc\":\"2.0\",\"id\":4,\"method\":\"tools/call\",\"params\":{\"name\":\"c\"},\"x\":1}\n"
+                .to_owned(),
+            call(5, "d"),
+            "not json, which rmcp passes over\n".to_owned(),
+            format!(
+                "{{\"jsonrpc\":\"2.0\",\"id\":6,\"method\":\"tools/call\",\"params\":{{\"name\":\"{}\"}}}}\n",
+                "x".repeat(300)
+            ),
+            call(7, "e"),
+        ]
+        .concat();
+        let expected = [
+            "initialized",
+            "call a #1",
+            "call b #2",
+            "tools/list #3",
+            "call c #4",
+            "call d #5",
+            // The line past the cap, replaced by a request naming it.
+            "keel/message-too-large #6",
+            "call e #7",
+        ];
+        for piece in [1, 7, 64, input.len()] {
+            assert_eq!(received(&input, piece).await, expected, "written {piece} bytes at a time");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_receive_cancelled_mid_line_loses_nothing() {
+        let (mut client, server) = tokio::io::duplex(256);
+        let lane = CallLane::default();
+        let lines = BoundedLines::new(server, 1 << 10).decoding_calls(lane.clone());
+        let mut transport = AsyncRwTransport::new_server(lines, tokio::io::sink());
+        let line =
+            "{\"jsonrpc\":\"2.0\",\"id\":9,\"method\":\"tools/call\",\"params\":{\"name\":\"echo\"}}\n";
+        let (first, rest) = line.split_at(30);
+        client.write_all(first.as_bytes()).await.unwrap();
+        let waited =
+            tokio::time::timeout(std::time::Duration::from_millis(20), receive(&mut transport, &lane)).await;
+        assert!(waited.is_err(), "half a line is no message");
+        client.write_all(rest.as_bytes()).await.unwrap();
+        drop(client);
+        let message = receive(&mut transport, &lane).await.expect("the call, once whole");
+        assert_eq!(
+            serde_json::to_string(&message).unwrap(),
+            serde_json::to_string(&rmcp_decodes(line)).unwrap()
+        );
+        assert!(receive(&mut transport, &lane).await.is_none(), "then the end");
+    }
+}
