@@ -163,6 +163,61 @@ mod tests {
         }
     }
 
+    /// Lines a byte or two away from calls: whatever [`decode`] takes is
+    /// what rmcp makes of it.
+    #[test]
+    fn a_mutated_call_is_decoded_as_rmcp_decodes_it_or_left_to_rmcp() {
+        let seeds = [
+            r#"{"jsonrpc":"2.0","id":12,"method":"tools/call","params":{"name":"echo","arguments":{"text":"a\"b","n":[1,2.5,null,true]},"_meta":{"progressToken":"t"}}}"#,
+            r#"{"params":{"_meta":{},"name":"grep","arguments":{}},"method":"tools/call","id":"x-1","jsonrpc":"2.0"}"#,
+        ];
+        // Bytes that keep a mutant close to JSON.
+        let alphabet = br#"{}[]":,0123456789-.eE \u_abcdefmnrstx"#;
+        let mut state = 0x9e37_79b9_7f4a_7c15_u64;
+        let mut next = move |below: usize| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state % below as u64) as usize
+        };
+        let (mut decoded, mut tried) = (0, 0);
+        for seed in seeds {
+            for _ in 0..4000 {
+                let mut line = seed.as_bytes().to_vec();
+                for _ in 0..1 + next(2) {
+                    let at = next(line.len());
+                    match next(3) {
+                        0 => {
+                            line.remove(at);
+                        }
+                        1 => line.insert(at, alphabet[next(alphabet.len())]),
+                        _ => line[at] = alphabet[next(alphabet.len())],
+                    }
+                }
+                tried += 1;
+                let Some(fast) = decode(&line) else { continue };
+                decoded += 1;
+                let text = String::from_utf8_lossy(&line);
+                let expected: RxJsonRpcMessage<RoleServer> = serde_json::from_slice(&line)
+                    .unwrap_or_else(|error| panic!("rmcp refuses {text}: {error}"));
+                assert_eq!(
+                    serde_json::to_string(&fast).unwrap(),
+                    serde_json::to_string(&expected).unwrap(),
+                    "{text}"
+                );
+                let (fast, expected) = (call_of(fast), call_of(expected));
+                assert_eq!(fast.params, expected.params, "{text}");
+                assert_eq!(
+                    fast.extensions.get::<RequestMetaObject>(),
+                    expected.extensions.get::<RequestMetaObject>(),
+                    "{text}"
+                );
+            }
+        }
+        // Enough of the mutants stay calls for the comparison to mean something.
+        assert!(decoded * 20 > tried, "{decoded} of {tried} decoded");
+    }
+
     #[test]
     fn anything_but_a_plain_call_is_left_to_rmcp() {
         for line in [
