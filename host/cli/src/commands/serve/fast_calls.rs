@@ -136,22 +136,30 @@ mod tests {
             r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"_meta":null,"name":"echo","unknown":[1],"requestState":"s"}}"#,
         ] {
             let fast = decode(line.as_bytes()).unwrap_or_else(|| panic!("decoded: {line}"));
-            let expected = rmcp_decodes(line);
-            assert_eq!(
-                serde_json::to_string(&fast).unwrap(),
-                serde_json::to_string(&expected).unwrap(),
-                "{line}"
-            );
-            // The same parts, not only the same text: a handler reads the
-            // `_meta` (a progress token) from the extensions.
-            let (fast, expected) = (call_of(fast), call_of(expected));
-            assert_eq!(fast.params, expected.params, "{line}");
-            assert_eq!(
-                fast.extensions.get::<RequestMetaObject>(),
-                expected.extensions.get::<RequestMetaObject>(),
-                "{line}"
-            );
+            assert_same_call(fast, rmcp_decodes(line), line);
         }
+    }
+
+    /// `fast` is the call rmcp decoded as `expected` from `line`: the same
+    /// text, and the same parts, since a handler reads the `_meta` (a
+    /// progress token) from the extensions.
+    fn assert_same_call(
+        fast: RxJsonRpcMessage<RoleServer>,
+        expected: RxJsonRpcMessage<RoleServer>,
+        line: &str,
+    ) {
+        assert_eq!(
+            serde_json::to_string(&fast).unwrap(),
+            serde_json::to_string(&expected).unwrap(),
+            "{line}"
+        );
+        let (fast, expected) = (call_of(fast), call_of(expected));
+        assert_eq!(fast.params, expected.params, "{line}");
+        assert_eq!(
+            fast.extensions.get::<RequestMetaObject>(),
+            expected.extensions.get::<RequestMetaObject>(),
+            "{line}"
+        );
     }
 
     fn call_of(message: RxJsonRpcMessage<RoleServer>) -> CallToolRequest {
@@ -200,18 +208,7 @@ mod tests {
                 let text = String::from_utf8_lossy(&line);
                 let expected: RxJsonRpcMessage<RoleServer> = serde_json::from_slice(&line)
                     .unwrap_or_else(|error| panic!("rmcp refuses {text}: {error}"));
-                assert_eq!(
-                    serde_json::to_string(&fast).unwrap(),
-                    serde_json::to_string(&expected).unwrap(),
-                    "{text}"
-                );
-                let (fast, expected) = (call_of(fast), call_of(expected));
-                assert_eq!(fast.params, expected.params, "{text}");
-                assert_eq!(
-                    fast.extensions.get::<RequestMetaObject>(),
-                    expected.extensions.get::<RequestMetaObject>(),
-                    "{text}"
-                );
+                assert_same_call(fast, expected, &text);
             }
         }
         // Enough of the mutants stay calls for the comparison to mean something.
