@@ -8,10 +8,17 @@
 //! refuses before it reaches the handler drops its arrival, which withdraws
 //! it.
 //!
+//! It also writes each message it is given to send at once, where it can
+//! ([`eagerly`]).
+//!
 //! [`Arrival`]: keel_host::Arrival
 
 use std::borrow::Cow;
+use std::future::Ready;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 
+use futures::future::Either;
 use rmcp::RoleServer;
 use rmcp::model::{ClientRequest, JsonRpcMessage, JsonRpcRequest};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
@@ -60,7 +67,7 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        self.inner.send(item)
+        eagerly(self.inner.send(item))
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
@@ -80,5 +87,78 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
 
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
         self.inner.close()
+    }
+}
+
+/// `send`, begun at once: polled once before it is handed back, so that a
+/// message the transport takes whole (a reply, to a pipe with room for it)
+/// is written now. rmcp hands the future to a task of its own, which a
+/// worker runs only after the service loop's turn ends, and often on the
+/// other worker, woken for it: the reply would wait for both. What is left
+/// of a send that could not finish is the future itself, polled on by that
+/// task, which gives it a waker of its own then.
+fn eagerly<F: Future>(send: F) -> Either<Ready<F::Output>, Pin<Box<F>>> {
+    let mut send = Box::pin(send);
+    match send.as_mut().poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(output) => Either::Left(std::future::ready(output)),
+        Poll::Pending => Either::Right(send),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use rmcp::model::{CallToolResult, ContentBlock, RequestId, ServerResult};
+    use rmcp::transport::async_rw::AsyncRwTransport;
+    use tokio::io::{AsyncBufReadExt as _, BufReader};
+
+    use super::*;
+
+    /// A reply of `text`, to request 1.
+    fn reply(text: &str) -> TxJsonRpcMessage<RoleServer> {
+        let result = CallToolResult::success(vec![ContentBlock::text(text)]);
+        JsonRpcMessage::response(ServerResult::CallToolResult(result), RequestId::Number(1))
+    }
+
+    /// The one line the peer reads, as JSON.
+    async fn line_read(peer: tokio::io::DuplexStream) -> serde_json::Value {
+        let mut line = String::new();
+        BufReader::new(peer).read_line(&mut line).await.expect("the peer reads a line");
+        serde_json::from_str(&line).expect("the line is JSON")
+    }
+
+    #[tokio::test]
+    async fn a_reply_the_pipe_has_room_for_is_written_before_anyone_awaits_it() {
+        let (peer, ours) = tokio::io::duplex(64 << 10);
+        let (read, write) = tokio::io::split(ours);
+        let mut transport = AsyncRwTransport::<RoleServer, _, _>::new_server(read, write);
+        let sent = eagerly(transport.send(reply("hello")));
+        assert!(matches!(sent, Either::Left(_)), "the send finished at once");
+        // Never polled, and gone: the reply was written all the same.
+        drop(sent);
+        let line = line_read(peer).await;
+        assert_eq!(line["result"]["content"][0]["text"], "hello");
+    }
+
+    #[tokio::test]
+    async fn a_reply_the_pipe_has_no_room_for_goes_out_once_the_peer_reads() {
+        // Room for 16 bytes: the reply waits for the peer, and its first
+        // poll left a waker that wakes nobody.
+        let (peer, ours) = tokio::io::duplex(16);
+        let (read, write) = tokio::io::split(ours);
+        let mut transport = AsyncRwTransport::<RoleServer, _, _>::new_server(read, write);
+        let text = "x".repeat(10_000);
+        let sent = eagerly(transport.send(reply(&text)));
+        let Either::Right(pending) = sent else {
+            panic!("a send of 10 kB through 16 bytes finished at once")
+        };
+        let reader = tokio::spawn(line_read(peer));
+        tokio::time::timeout(Duration::from_secs(10), pending)
+            .await
+            .expect("the send finishes once the peer reads")
+            .expect("the send succeeds");
+        let line = reader.await.expect("the reader does not panic");
+        assert_eq!(line["result"]["content"][0]["text"], text.as_str());
     }
 }
