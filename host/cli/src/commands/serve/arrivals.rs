@@ -111,7 +111,7 @@ mod tests {
 
     use rmcp::model::{CallToolResult, ContentBlock, RequestId, ServerResult};
     use rmcp::transport::async_rw::AsyncRwTransport;
-    use tokio::io::{AsyncBufReadExt as _, BufReader};
+    use tokio::io::{AsyncBufReadExt as _, BufReader, DuplexStream, ReadHalf, WriteHalf};
 
     use super::*;
 
@@ -121,8 +121,18 @@ mod tests {
         JsonRpcMessage::response(ServerResult::CallToolResult(result), RequestId::Number(1))
     }
 
+    /// rmcp's server transport over a pipe with room for `room` bytes, and
+    /// the pipe's other end, where the peer reads.
+    fn server_over(
+        room: usize,
+    ) -> (DuplexStream, AsyncRwTransport<RoleServer, ReadHalf<DuplexStream>, WriteHalf<DuplexStream>>) {
+        let (peer, ours) = tokio::io::duplex(room);
+        let (read, write) = tokio::io::split(ours);
+        (peer, AsyncRwTransport::new_server(read, write))
+    }
+
     /// The one line the peer reads, as JSON.
-    async fn line_read(peer: tokio::io::DuplexStream) -> serde_json::Value {
+    async fn line_read(peer: DuplexStream) -> serde_json::Value {
         let mut line = String::new();
         BufReader::new(peer).read_line(&mut line).await.expect("the peer reads a line");
         serde_json::from_str(&line).expect("the line is JSON")
@@ -130,9 +140,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_reply_the_pipe_has_room_for_is_written_before_anyone_awaits_it() {
-        let (peer, ours) = tokio::io::duplex(64 << 10);
-        let (read, write) = tokio::io::split(ours);
-        let mut transport = AsyncRwTransport::<RoleServer, _, _>::new_server(read, write);
+        let (peer, mut transport) = server_over(64 << 10);
         let sent = eagerly(transport.send(reply("hello")));
         assert!(matches!(sent, Either::Left(_)), "the send finished at once");
         // Never polled, and gone: the reply was written all the same.
@@ -145,9 +153,7 @@ mod tests {
     async fn a_reply_the_pipe_has_no_room_for_goes_out_once_the_peer_reads() {
         // Room for 16 bytes: the reply waits for the peer, and its first
         // poll left a waker that wakes nobody.
-        let (peer, ours) = tokio::io::duplex(16);
-        let (read, write) = tokio::io::split(ours);
-        let mut transport = AsyncRwTransport::<RoleServer, _, _>::new_server(read, write);
+        let (peer, mut transport) = server_over(16);
         let text = "x".repeat(10_000);
         let sent = eagerly(transport.send(reply(&text)));
         let Either::Right(pending) = sent else {
