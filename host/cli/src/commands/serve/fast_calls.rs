@@ -10,10 +10,9 @@
 //! `tools/call` request, the four members of a JSON-RPC request and no
 //! other, is decoded there by [`decode`] into the very message rmcp would
 //! make of it, with rmcp's own types, and is put in the [`CallLane`]
-//! instead of passed on. [`receive`]
-//! takes it from there. Every other line, and any `tools/call` that
-//! [`decode`] does not take whole, goes to rmcp's transport as before, with
-//! its error replies and compatibility rules.
+//! instead of passed on. [`receive`] takes it from there. Every other line,
+//! and any `tools/call` that [`decode`] does not take whole, goes to rmcp's
+//! transport as before, with its error replies and compatibility rules.
 //!
 //! Order is kept: a line is decoded only once the transport has read every
 //! line before it, and the transport reads no line after it until the
