@@ -102,7 +102,8 @@ fn progress_arrives_before_the_call_finishes() {
 
 /// A native tool that sleeps `ms`, then returns a context modifier naming
 /// itself: concurrency-safe, so its modifiers are queued. With `"panic"`
-/// set to `"plan"` or `"call"` it panics there instead, as a host bug would.
+/// set to `"plan"` or `"call"` it panics there instead, as a host bug would;
+/// with `"plan_ms"`, it takes that long to plan.
 struct Marker;
 
 fn marker_spec() -> &'static ToolSpec {
@@ -141,6 +142,9 @@ impl Invocation for MarkerCall {
     fn set_context(&mut self, _context: Arc<Value>) {}
 
     async fn is_concurrency_safe(&mut self) -> bool {
+        if let Some(ms) = self.0["plan_ms"].as_u64() {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+        }
         assert_ne!(self.0["panic"], "plan", "planning panics");
         true
     }
@@ -220,6 +224,50 @@ fn a_call_that_panics_the_host_gets_its_one_result_and_the_others_run() {
             ("m4", false, "saw last = 5"),
         ]
     );
+}
+
+#[test]
+fn a_panic_while_planning_past_the_window_fails_that_call_alone() {
+    // Past the first window, calls are planned a chunk to a task: a panic
+    // there must cost the one call, not the calls claimed after it. Slow
+    // plans are kept one by one, and the same holds.
+    for plan_ms in [0, 1] {
+        panics_in_planning_fail_their_calls_alone(plan_ms, &[33, 34, 57]);
+    }
+}
+
+fn panics_in_planning_fail_their_calls_alone(plan_ms: u64, panicking: &[usize]) {
+    let workspace = tempfile::tempdir().unwrap();
+    let builder = Host::builder().workspace(workspace.path()).builtins(false).tool(Arc::new(Marker));
+    let host = block_on(builder.build()).unwrap();
+    let uses: Vec<ToolUse> = (0..80)
+        .map(|i| {
+            let mut input = json!({ "ms": 0, "plan_ms": plan_ms });
+            if panicking.contains(&i) {
+                input["panic"] = json!("plan");
+            }
+            ToolUse::new(format!("m{i:02}"), "marker", input)
+        })
+        .collect();
+    let ids: Vec<String> = uses.iter().map(|tool_use| tool_use.id.clone()).collect();
+    let outcome =
+        block_on(async { tokio::time::timeout(Duration::from_secs(60), host.run_batch(&uses)).await })
+            .expect("the batch finishes: no call is left claimed and never planned");
+    let results = outcome.results;
+    let got: Vec<&str> = results.iter().map(|result| result.tool_use_id.as_str()).collect();
+    assert_eq!(got, ids, "one result per call, in order");
+    for (i, result) in results.iter().enumerate() {
+        if panicking.contains(&i) {
+            assert_eq!(
+                result.content.as_text(),
+                Some("the host failed while planning this call"),
+                "{result:?}"
+            );
+            assert!(result.is_error);
+        } else {
+            assert!(!result.is_error, "{result:?}");
+        }
+    }
 }
 
 #[test]
