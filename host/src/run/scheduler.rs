@@ -459,11 +459,13 @@ impl Batch {
         let figures = self.events.reads_reports();
         let mut planning = Planning { batch: self, planned: Vec::new(), done: 0, claimed };
         while let Some(&index) = planning.claimed.get(planning.done) {
-            let started = Instant::now();
+            // The last call is kept with the rest whatever its planning took.
+            let more = planning.done + 1 < planning.claimed.len();
+            let started = more.then(Instant::now);
             let call = call::prepare(&self.pool, &self.uses[index], &context, fuel, max_input, figures).await;
             planning.planned.push((index, call));
             planning.done += 1;
-            if planning.done < planning.claimed.len() && started.elapsed() > SLOW_PLAN {
+            if started.is_some_and(|started| started.elapsed() > SLOW_PLAN) {
                 let (starts, plans) = self.lock().planned(self, std::mem::take(&mut planning.planned));
                 self.spawn(starts, plans);
             }
