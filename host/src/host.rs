@@ -613,21 +613,35 @@ impl Host {
 
     /// Get every tool ready for its first call ([`Tool::warm_up`]): for a
     /// plugin, load its code if it was left unloaded at start and run one
-    /// sandbox of it, one plugin after another. A first call then neither
-    /// loads code nor finds its pool slot cold; nor, on the thread that
-    /// runs the warm-up, fresh stack pages ([`prefault_thread_stack`]).
-    /// Meant to run in the background once the host is built, as `keel
-    /// serve` runs it; the future holds the pool, not the host.
+    /// sandbox of it, one plugin after another; then run one call of no
+    /// tool through the path every call takes, which answers it with an
+    /// error and keeps nothing of it. A first call then neither loads code
+    /// nor finds its pool slot or the host's own code cold; nor, on the
+    /// thread that runs the warm-up, fresh stack pages
+    /// ([`prefault_thread_stack`]). Meant to run in the background once the
+    /// host is built, as `keel serve` runs it; the future holds the pool
+    /// and the run options, not the host.
     ///
     /// [`Tool::warm_up`]: crate::tool::Tool::warm_up
     pub fn warm_up(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let pool = self.pool.clone();
+        let options = self.options.clone();
         async move {
             prefault_thread_stack();
             for entry in pool.entries() {
                 entry.tool.warm_up().await;
                 // The calls that arrive meanwhile go first.
                 tokio::task::yield_now().await;
+            }
+            // Then the host's own path: a call of a tool nobody has, which
+            // its planning answers with an error, kept in no ledger and
+            // reported to nobody, so that a first call finds the batch's
+            // and the budgets' code mapped and in the caches.
+            if pool.get(WARM_UP_CALL).is_none() {
+                let options = Arc::new(RunOptions { ledger: None, ..RunOptions::clone(&options) });
+                let call = [ToolUse::new(WARM_UP_CALL, WARM_UP_CALL, Value::Object(Default::default()))];
+                let (events, interrupt) = (Events::Nobody, Interrupt::never());
+                scheduler::run(pool, call[..].into(), context::initial(), options, events, interrupt).await;
             }
         }
     }
@@ -659,6 +673,11 @@ impl Host {
         CallStream::new(self.pool.clone(), self.options.clone(), context)
     }
 }
+
+/// The name and id of the call [`Host::warm_up`] runs: no tool's, as no
+/// plugin's name may hold a space (a native tool of this name is left
+/// alone, and the call is not made).
+const WARM_UP_CALL: &str = "keel warm-up";
 
 /// How much of a thread's stack [`prefault_thread_stack`] touches: more than
 /// plugin calls take (a runtime worker of `keel serve` reaches about 84 KiB

@@ -381,3 +381,50 @@ fn a_host_without_a_ledger_decides_the_same_and_keeps_nothing() {
     assert_eq!(block_on(kept.ledger()).len(), 2, "a ledger keeps one decision per call");
     assert!(block_on(forgetful.ledger()).is_empty(), "none is kept without one");
 }
+
+/// A native tool that counts the calls begun of it.
+struct Counted {
+    spec: keel_host::ToolSpec,
+    begun: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+#[async_trait]
+impl keel_host::Tool for Counted {
+    fn spec(&self) -> &keel_host::ToolSpec {
+        &self.spec
+    }
+
+    async fn invoke(
+        &self,
+        input: Value,
+        context: Arc<Value>,
+    ) -> Result<Box<dyn keel_host::Invocation>, keel_host::tool::CallError> {
+        self.begun.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        crate::Fake(self.spec.clone()).invoke(input, context).await
+    }
+}
+
+#[test]
+fn a_warm_up_keeps_nothing_of_its_call_of_no_tool_and_calls_no_tool_named_as_it() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::write(workspace.path().join("a.txt"), "x").unwrap();
+    let begun = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counted = |name: &str| {
+        let schema = json!({ "type": "object" });
+        let spec = keel_host::ToolSpec::native(name, "Counts its calls.", schema);
+        Arc::new(Counted { spec, begun: begun.clone() })
+    };
+    let host = example_host(workspace.path()).tool(counted("keel warm-up")).tool(counted("other"));
+    let host = block_on(host.build()).unwrap();
+    block_on(host.warm_up());
+    assert_eq!(begun.load(std::sync::atomic::Ordering::Relaxed), 0, "no tool is called, whatever its name");
+    assert!(block_on(host.ledger()).is_empty());
+
+    let host = block_on(example_host(workspace.path()).build()).unwrap();
+    block_on(host.warm_up());
+    assert!(block_on(host.ledger()).is_empty(), "the warm-up's call is kept in no ledger");
+    let grep = ToolUse::new("a", "grep", json!({ "pattern": "x", "path": "a.txt" }));
+    let results = block_on(host.run_batch(&[grep])).results;
+    assert!(!results[0].is_error, "{results:?}");
+    assert_eq!(block_on(host.ledger()).len(), 1, "the first call after it is kept as ever");
+}
