@@ -2,6 +2,7 @@
 //! library API: real grep output and synthetic messages.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use async_trait::async_trait;
@@ -10,8 +11,8 @@ use keel_host::budget::ledger::{Decision, Ledger};
 use keel_host::budget::{Budget, BudgetConfig, Threshold};
 use keel_host::context;
 use keel_host::events::summary::{self, BoxError, DefaultSummarizer, Summarizer, Summary, SummaryCall};
-use keel_host::tool::CallContext;
-use keel_host::{ToolResult, ToolUse};
+use keel_host::tool::{CallContext, CallError};
+use keel_host::{Invocation, Tool, ToolResult, ToolSpec, ToolUse};
 use serde_json::{Value, json};
 
 use crate::{block_on, example_host};
@@ -384,22 +385,18 @@ fn a_host_without_a_ledger_decides_the_same_and_keeps_nothing() {
 
 /// A native tool that counts the calls begun of it.
 struct Counted {
-    spec: keel_host::ToolSpec,
-    begun: Arc<std::sync::atomic::AtomicUsize>,
+    spec: ToolSpec,
+    begun: Arc<AtomicUsize>,
 }
 
 #[async_trait]
-impl keel_host::Tool for Counted {
-    fn spec(&self) -> &keel_host::ToolSpec {
+impl Tool for Counted {
+    fn spec(&self) -> &ToolSpec {
         &self.spec
     }
 
-    async fn invoke(
-        &self,
-        input: Value,
-        context: Arc<Value>,
-    ) -> Result<Box<dyn keel_host::Invocation>, keel_host::tool::CallError> {
-        self.begun.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    async fn invoke(&self, input: Value, context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {
+        self.begun.fetch_add(1, Ordering::Relaxed);
         crate::Fake(self.spec.clone()).invoke(input, context).await
     }
 }
@@ -408,16 +405,15 @@ impl keel_host::Tool for Counted {
 fn a_warm_up_keeps_nothing_of_its_call_of_no_tool_and_calls_no_tool_named_as_it() {
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("a.txt"), "x").unwrap();
-    let begun = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let begun = Arc::new(AtomicUsize::new(0));
     let counted = |name: &str| {
-        let schema = json!({ "type": "object" });
-        let spec = keel_host::ToolSpec::native(name, "Counts its calls.", schema);
+        let spec = ToolSpec::native(name, "Counts its calls.", json!({ "type": "object" }));
         Arc::new(Counted { spec, begun: begun.clone() })
     };
     let host = example_host(workspace.path()).tool(counted("keel warm-up")).tool(counted("other"));
     let host = block_on(host.build()).unwrap();
     block_on(host.warm_up());
-    assert_eq!(begun.load(std::sync::atomic::Ordering::Relaxed), 0, "no tool is called, whatever its name");
+    assert_eq!(begun.load(Ordering::Relaxed), 0, "no tool is called, whatever its name");
     assert!(block_on(host.ledger()).is_empty());
 
     let host = block_on(example_host(workspace.path()).build()).unwrap();
