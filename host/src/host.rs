@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use serde_json::Value;
+use tracing::instrument::WithSubscriber as _;
 
 use crate::batch::ToolUse;
 use crate::budget::Budget;
@@ -14,6 +15,7 @@ use crate::error::{Error, Result};
 use crate::events::Event;
 use crate::events::summary::{DefaultSummarizer, Summarizer};
 use crate::limits::Limits;
+use crate::load::canary;
 use crate::load::engine::{Runtime, default_cache_dir};
 use crate::load::grants::Grants;
 use crate::load::lock::{LockedPlugin, Pins};
@@ -52,6 +54,7 @@ pub struct HostBuilder {
     summarizer: Option<Arc<dyn Summarizer>>,
     environment: Option<Environment>,
     preloaded: Vec<Arc<dyn Tool>>,
+    engine: Option<Arc<Runtime>>,
     pins: Option<Arc<Pins>>,
 }
 
@@ -81,6 +84,16 @@ impl HostBuilder {
     /// own.
     pub fn plugin_tools(mut self, tools: impl IntoIterator<Item = Arc<dyn Tool>>) -> Self {
         self.preloaded.extend(tools);
+        self
+    }
+
+    /// The engine the plugins of [`HostBuilder::plugin_tools`] were loaded
+    /// on. A host given no [`HostBuilder::plugins`] paths makes no engine of
+    /// its own, and runs keel's own warm-up tool on this one
+    /// ([`Host::warm_up`]); without it, its warm-up ends with a call of no
+    /// tool, which runs less of the path a first call takes.
+    pub fn engine(mut self, runtime: Arc<Runtime>) -> Self {
+        self.engine = Some(runtime);
         self
     }
 
@@ -246,7 +259,7 @@ impl HostBuilder {
         // ahead of it ([`HostBuilder::plugin_tools`]) runs on the engine that
         // loaded it, and another would cost a start its pools and a thread.
         let runtime =
-            if self.plugin_paths.is_empty() { None } else { Some(Arc::new(self.runtime(&limits)?)) };
+            if self.plugin_paths.is_empty() { self.engine } else { Some(Arc::new(self.runtime(&limits)?)) };
         let grants = Arc::new(grants);
         let upkeep = match (&self.cache_dir, self.config.cache.max_size_mib) {
             (Some(dir), Some(mib)) => Some(spawn_upkeep(dir.clone(), mib.saturating_mul(1 << 20))),
@@ -326,6 +339,7 @@ impl HostBuilder {
         };
         Ok(Host {
             runtime,
+            limits,
             pool: Arc::new(pool),
             workspace,
             grants,
@@ -463,10 +477,11 @@ impl Drop for AbandonOnDrop {
 
 /// A loaded set of tools, ready to run batches.
 pub struct Host {
-    /// The engine of the plugins it loaded itself; none when every plugin
-    /// was loaded ahead of it.
-    #[cfg_attr(not(test), expect(dead_code, reason = "kept alive for as long as the plugins' sandboxes"))]
+    /// The engine of the plugins it loaded itself; when it loaded none, the
+    /// one it was given ([`HostBuilder::engine`]), if any.
     runtime: Option<Arc<Runtime>>,
+    /// The limits of the plugins it loaded itself.
+    limits: Limits,
     pool: Arc<ToolPool>,
     workspace: PathBuf,
     grants: Arc<Grants>,
@@ -523,6 +538,7 @@ impl Host {
             summarizer: None,
             environment: None,
             preloaded: Vec::new(),
+            engine: None,
             pins: None,
         }
     }
@@ -613,19 +629,23 @@ impl Host {
 
     /// Get every tool ready for its first call ([`Tool::warm_up`]): for a
     /// plugin, load its code if it was left unloaded at start and run one
-    /// sandbox of it, one plugin after another; then run one call of no
-    /// tool through the path every call takes, which answers it with an
-    /// error and keeps nothing of it. A first call then neither loads code
-    /// nor finds its pool slot or the host's own code cold; nor, on the
-    /// thread that runs the warm-up, fresh stack pages
-    /// ([`prefault_thread_stack`]). Meant to run in the background once the
-    /// host is built, as `keel serve` runs it; the future holds the pool
-    /// and the run options, not the host.
+    /// sandbox of it, one plugin after another; then run one call through
+    /// the path every call takes, keeping nothing of it: a call of keel's
+    /// own tool, `keel-warm-up`, which imports nothing and is in no pool
+    /// offered to a model, on the engine of the plugins the host loaded; or,
+    /// when it loaded none itself, a call of no tool, which its planning
+    /// answers with an error. A first call then neither loads code nor
+    /// finds its pool slot or the host's own code cold; nor, on the thread
+    /// that runs the warm-up, fresh stack pages ([`prefault_thread_stack`]).
+    /// Meant to run in the background once the host is built, as `keel
+    /// serve` runs it; the future holds the pool, the run options and the
+    /// engine, not the host.
     ///
     /// [`Tool::warm_up`]: crate::tool::Tool::warm_up
     pub fn warm_up(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
         let pool = self.pool.clone();
         let options = self.options.clone();
+        let own = self.runtime.clone().map(|runtime| (runtime, self.workspace.clone(), self.limits));
         async move {
             prefault_thread_stack();
             for entry in pool.entries() {
@@ -633,16 +653,24 @@ impl Host {
                 // The calls that arrive meanwhile go first.
                 tokio::task::yield_now().await;
             }
-            // Then the host's own path: a call of a tool nobody has, which
-            // its planning answers with an error, kept in no ledger and
-            // reported to nobody, so that a first call finds the batch's
-            // and the budgets' code mapped and in the caches.
-            if pool.get(WARM_UP_CALL).is_none() {
-                let options = Arc::new(RunOptions { ledger: None, ..RunOptions::clone(&options) });
-                let call = [ToolUse::new(WARM_UP_CALL, WARM_UP_CALL, Value::Object(Default::default()))];
-                let (events, interrupt) = (Events::Nobody, Interrupt::never());
-                scheduler::run(pool, call[..].into(), context::initial(), options, events, interrupt).await;
-            }
+            let own = match own {
+                Some((runtime, workspace, limits)) => own_pool(&runtime, &workspace, &limits).await,
+                None => None,
+            };
+            let (pool, name) = match own {
+                Some(own) => (own, canary::NAME),
+                None if pool.get(WARM_UP_CALL).is_none() => (pool, WARM_UP_CALL),
+                None => return,
+            };
+            // Kept in no ledger and reported to nobody, not even a tracing
+            // subscriber: a first call then finds the batch's, the
+            // sandbox's and the budgets' code mapped and in the caches.
+            let options = Arc::new(RunOptions { ledger: None, ..RunOptions::clone(&options) });
+            let call = [ToolUse::new(name, name, Value::Object(Default::default()))];
+            let (events, interrupt) = (Events::Nobody, Interrupt::never());
+            scheduler::run(pool, call[..].into(), context::initial(), options, events, interrupt)
+                .with_subscriber(tracing::subscriber::NoSubscriber::default())
+                .await;
         }
     }
 
@@ -674,10 +702,25 @@ impl Host {
     }
 }
 
-/// The name and id of the call [`Host::warm_up`] runs: no tool's, as no
-/// plugin's name may hold a space (a native tool of this name is left
-/// alone, and the call is not made).
+/// The name and id of the call [`Host::warm_up`] runs when the host has no
+/// engine of its own: no tool's, as no plugin's name may hold a space (a
+/// native tool of this name is left alone, and the call is not made).
 const WARM_UP_CALL: &str = "keel warm-up";
+
+/// A pool of keel's own tool alone, with the default permissions (which
+/// allow it: it is read-only); `None` when it cannot be loaded, which
+/// costs only a warmer first call.
+async fn own_pool(runtime: &Arc<Runtime>, workspace: &Path, limits: &Limits) -> Option<Arc<ToolPool>> {
+    let tool = match canary::load(runtime, workspace, limits).await {
+        Ok(tool) => tool,
+        Err(error) => {
+            tracing::debug!("warm-up: {error}");
+            return None;
+        }
+    };
+    let (pool, _) = ToolPool::assemble(Vec::new(), vec![Arc::new(tool)]).ok()?;
+    Some(Arc::new(pool))
+}
 
 /// How much of a thread's stack [`prefault_thread_stack`] touches: more than
 /// plugin calls take (a runtime worker of `keel serve` reaches about 84 KiB
@@ -833,6 +876,34 @@ mod tests {
     }
 
     use super::*;
+
+    #[tokio::test]
+    async fn keels_own_tool_answers_its_call_through_the_path_every_call_takes() {
+        let workspace = tempfile::tempdir().unwrap();
+        let host = Host::builder().workspace(workspace.path()).cache_dir(None).build().await.unwrap();
+        let runtime = Arc::new(Runtime::new(&Limits::default(), None).unwrap());
+        let pool =
+            own_pool(&runtime, workspace.path(), &Limits::default()).await.expect("keel's own tool loads");
+        let call = [ToolUse::new("w", canary::NAME, serde_json::json!({ "any": ["input"] }))];
+        let (events, interrupt) = (Events::Nobody, Interrupt::never());
+        let options = host.options.clone();
+        let outcome =
+            scheduler::run(pool, call[..].into(), context::initial(), options, events, interrupt).await;
+        let result = &outcome.results[0];
+        assert!(!result.is_error, "{result:?}");
+        assert_eq!(result.content.text(), "warm");
+    }
+
+    #[tokio::test]
+    async fn a_host_given_the_engine_its_plugins_were_loaded_on_warms_up_on_it() {
+        let workspace = tempfile::tempdir().unwrap();
+        let runtime = Arc::new(Runtime::new(&Limits::default(), None).unwrap());
+        let given = Host::builder().workspace(workspace.path()).cache_dir(None).engine(runtime.clone());
+        let given = given.build().await.unwrap();
+        assert!(given.runtime.as_ref().is_some_and(|engine| Arc::ptr_eq(engine, &runtime)));
+        let bare = Host::builder().workspace(workspace.path()).cache_dir(None).build().await.unwrap();
+        assert!(bare.runtime.is_none(), "a host with no plugin and no engine given makes none");
+    }
 
     fn build(workspace: &Path, paths: &[&Path]) -> Result<Host> {
         let builder =

@@ -8,6 +8,7 @@
 
 pub(crate) mod bindings;
 pub mod cache;
+pub(crate) mod canary;
 pub(crate) mod egress;
 pub(crate) mod engine;
 pub(crate) mod epoch;

@@ -14,8 +14,9 @@ use keel_host::events::summary::{self, BoxError, DefaultSummarizer, Summarizer, 
 use keel_host::tool::{CallContext, CallError};
 use keel_host::{Invocation, Tool, ToolResult, ToolSpec, ToolUse};
 use serde_json::{Value, json};
+use tracing_subscriber::fmt::format::FmtSpan;
 
-use crate::{block_on, example_host};
+use crate::{block_on, example_host, logged};
 
 /// `n` chars of ASCII lines of 100 chars each, tagged with `tag`.
 fn text(tag: char, n: usize) -> String {
@@ -402,7 +403,7 @@ impl Tool for Counted {
 }
 
 #[test]
-fn a_warm_up_keeps_nothing_of_its_call_of_no_tool_and_calls_no_tool_named_as_it() {
+fn a_warm_up_calls_keels_own_tool_and_keeps_nor_reports_anything_of_it() {
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("a.txt"), "x").unwrap();
     let begun = Arc::new(AtomicUsize::new(0));
@@ -410,17 +411,37 @@ fn a_warm_up_keeps_nothing_of_its_call_of_no_tool_and_calls_no_tool_named_as_it(
         let spec = ToolSpec::native(name, "Counts its calls.", json!({ "type": "object" }));
         Arc::new(Counted { spec, begun: begun.clone() })
     };
-    let host = example_host(workspace.path()).tool(counted("keel warm-up")).tool(counted("other"));
+    // Native tools named as keel's own tool and as the call of no tool.
+    let host = example_host(workspace.path()).tool(counted("keel-warm-up")).tool(counted("keel warm-up"));
     let host = block_on(host.build()).unwrap();
-    block_on(host.warm_up());
-    assert_eq!(begun.load(Ordering::Relaxed), 0, "no tool is called, whatever its name");
-    assert!(block_on(host.ledger()).is_empty());
-
-    let host = block_on(example_host(workspace.path()).build()).unwrap();
-    block_on(host.warm_up());
+    let ((), traced) = logged(host.warm_up(), FmtSpan::NEW);
+    assert_eq!(begun.load(Ordering::Relaxed), 0, "no tool of the pool is called, whatever its name");
     assert!(block_on(host.ledger()).is_empty(), "the warm-up's call is kept in no ledger");
+    assert!(traced.contains("setup"), "the plugins' warm-ups are traced as ever: {traced}");
+    assert!(!traced.contains("keel-warm-up"), "the warm-up's call reaches no subscriber: {traced}");
+    assert!(!traced.contains("warm-up:"), "keel's own tool failed to load: {traced}");
     let grep = ToolUse::new("a", "grep", json!({ "pattern": "x", "path": "a.txt" }));
     let results = block_on(host.run_batch(&[grep])).results;
     assert!(!results[0].is_error, "{results:?}");
     assert_eq!(block_on(host.ledger()).len(), 1, "the first call after it is kept as ever");
+}
+
+#[test]
+fn a_warm_up_without_an_engine_calls_no_tool_and_keeps_nothing_of_it() {
+    let workspace = tempfile::tempdir().unwrap();
+    let begun = Arc::new(AtomicUsize::new(0));
+    let counted = |name: &str| {
+        let spec = ToolSpec::native(name, "Counts its calls.", json!({ "type": "object" }));
+        Arc::new(Counted { spec, begun: begun.clone() })
+    };
+    // No plugin: the host has no engine to run keel's own tool on.
+    let host = keel_host::Host::builder().workspace(workspace.path()).cache_dir(None);
+    let host = host.tool(counted("keel warm-up")).tool(counted("keel-warm-up"));
+    let host = block_on(host.build()).unwrap();
+    block_on(host.warm_up());
+    assert_eq!(begun.load(Ordering::Relaxed), 0, "no tool is called, whatever its name");
+    assert!(block_on(host.ledger()).is_empty());
+    let counted = ToolUse::new("a", "keel-warm-up", json!({}));
+    block_on(host.run_batch(&[counted]));
+    assert_eq!(begun.load(Ordering::Relaxed), 1, "a call of the tool of that name calls it");
 }

@@ -90,6 +90,26 @@ pub fn at_root() -> Arc<Value> {
     Arc::new(keel_host::context::initial())
 }
 
+/// Run `future` on a runtime of this thread under a tracing subscriber that
+/// writes every event at every level, and with `spans` each span's start or
+/// more: its output, and what the subscriber wrote.
+pub fn logged<F: std::future::Future>(
+    future: F,
+    spans: tracing_subscriber::fmt::format::FmtSpan,
+) -> (F::Output, String) {
+    let log = keel_tests::Log::default();
+    let writer = log.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::TRACE)
+        .with_span_events(spans)
+        .with_ansi(false)
+        .finish();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let output = tracing::subscriber::with_default(subscriber, || runtime.block_on(future));
+    (output, log.text())
+}
+
 /// A multi-threaded runtime, as the CLI uses.
 pub fn block_on<F: std::future::Future>(future: F) -> F::Output {
     tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(future)

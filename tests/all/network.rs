@@ -11,6 +11,7 @@ use keel_host::config::Config;
 use keel_host::{Event, Host, ToolResult, ToolUse};
 use keel_tests::http_server::{TestServer, percent_encode};
 use serde_json::{Value, json};
+use tracing_subscriber::fmt::format::FmtSpan;
 
 use crate::{block_on, events_of, guest, shared_cache};
 
@@ -66,39 +67,17 @@ fn entries_of(host: &Host, result: &ToolResult) -> Vec<Value> {
 /// [`call`] on a runtime of one thread, with the host's log captured: the
 /// outcome entries, the result, the events and the log text.
 fn call_logged(host: &Host, input: Value) -> (Vec<Value>, ToolResult, Vec<Event>, String) {
-    #[derive(Clone, Default)]
-    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
-    impl std::io::Write for Log {
-        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-            self.0.lock().unwrap().extend_from_slice(buf);
-            Ok(buf.len())
+    let run = async {
+        let mut run = host.start_batch(vec![ToolUse::new("n", "net", input)], keel_host::context::initial());
+        let mut events = Vec::new();
+        while let Some(event) = run.next_event().await {
+            events.push(event);
         }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    let log = Log::default();
-    let writer = log.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::TRACE)
-        .with_ansi(false)
-        .finish();
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
-    let (events, mut results) = tracing::subscriber::with_default(subscriber, || {
-        runtime.block_on(async {
-            let mut run =
-                host.start_batch(vec![ToolUse::new("n", "net", input)], keel_host::context::initial());
-            let mut events = Vec::new();
-            while let Some(event) = run.next_event().await {
-                events.push(event);
-            }
-            (events, run.finish().await.results)
-        })
-    });
+        (events, run.finish().await.results)
+    };
+    let ((events, mut results), text) = crate::logged(run, FmtSpan::NONE);
     let result = results.remove(0);
     let entries = entries_of(host, &result);
-    let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
     (entries, result, events, text)
 }
 

@@ -3,6 +3,7 @@
 //! serves the loopback HTTP their outbound requests reach ([`http_server`]).
 
 use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
 
 pub mod http_server;
 
@@ -12,4 +13,26 @@ pub fn guest(name: &str) -> PathBuf {
     let path = Path::new(env!("KEEL_TEST_GUESTS_DIR")).join(format!("{name}.wasm"));
     assert!(path.is_file(), "guest {} was not built", path.display());
     path
+}
+
+/// A writer for a tracing subscriber that keeps what is written, shared by
+/// its clones: give the subscriber a clone, read the text from another.
+#[derive(Clone, Default)]
+pub struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl Log {
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
+impl std::io::Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

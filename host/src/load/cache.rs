@@ -56,6 +56,12 @@ impl CacheEntry {
     pub fn bytes(&self) -> u64 {
         self.code_bytes + self.other_bytes
     }
+
+    /// Whether it holds keel's own warm-up tool, which no plugin file
+    /// holds: the one entry a start writes of no plugin.
+    pub fn is_keels_own(&self) -> bool {
+        self.content_key == super::canary::content_key()
+    }
 }
 
 /// What [`list`] finds: the entries, least recently seen first, and the

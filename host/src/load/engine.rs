@@ -211,6 +211,24 @@ impl Runtime {
         Ok(Compiled { component, from_cache, time: started.elapsed(), size, content_key })
     }
 
+    /// Compile keel's own component `bytes` (`label` names it in errors), or
+    /// load it from the cache: [`Runtime::compile`], but not held to the
+    /// pins, which vouch for plugins, not for what keel itself ships.
+    pub(crate) fn compile_own(&self, label: &Path, bytes: &[u8]) -> Result<Compiled> {
+        let started = Instant::now();
+        let (component, from_cache, content_key) = match &self.cache {
+            Some(cache) => {
+                let content_key = cache.content_key(bytes);
+                let (component, from_cache) =
+                    cache.get_or_compile(&self.engine, &content_key, || self.compile_bytes(label, bytes))?;
+                (component, from_cache, Some(content_key))
+            }
+            None => (self.compile_bytes(label, bytes)?, false, None),
+        };
+        let size = bytes.len() as u64;
+        Ok(Compiled { component, from_cache, time: started.elapsed(), size, content_key })
+    }
+
     /// Compile the component in the file at `path`, or load it from the
     /// cache. `check` vets the file's bytes whenever they are read, before
     /// anything else looks at them.

@@ -18,7 +18,7 @@ use crate::contract::{
 use crate::error::{Error, Result};
 use crate::limits::{BatchFuel, LimitKind, Limits, Usage, units};
 use crate::load::bindings::{self, GuestPre, Version};
-use crate::load::engine::{Identity, Runtime};
+use crate::load::engine::{Compiled, Identity, Runtime};
 use crate::load::epoch::Ticker;
 use crate::load::grants::{Grants, PluginGrant};
 use crate::load::sandbox::{
@@ -317,6 +317,18 @@ impl PluginTool {
         limits: &Limits,
     ) -> Result<Self> {
         let compiled = runtime.compile_file(path, |bytes| check_header(path, bytes))?;
+        PluginTool::from_compiled(runtime, path, compiled, grants, limits).await
+    }
+
+    /// A plugin of `compiled`, the component read from `path`: linked, and
+    /// asked its load-time questions, whose answers the compile cache keeps.
+    pub(crate) async fn from_compiled(
+        runtime: &Arc<Runtime>,
+        path: &Path,
+        compiled: Compiled,
+        grants: &Grants,
+        limits: &Limits,
+    ) -> Result<Self> {
         let pre = link(runtime, path, &compiled.component)?;
         let file_name =
             path.file_name().map_or_else(|| path.display().to_string(), |n| n.to_string_lossy().into_owned());

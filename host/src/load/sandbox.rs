@@ -972,18 +972,7 @@ mod tests {
 
     #[test]
     fn captured_output_is_logged_tagged_with_the_plugin_and_what_was_dropped() {
-        #[derive(Clone, Default)]
-        struct Log(Arc<Mutex<Vec<u8>>>);
-        impl std::io::Write for Log {
-            fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-                self.0.lock().unwrap().extend_from_slice(buf);
-                Ok(buf.len())
-            }
-            fn flush(&mut self) -> std::io::Result<()> {
-                Ok(())
-            }
-        }
-        let log = Log::default();
+        let log = keel_tests::Log::default();
         let writer = log.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(move || writer.clone())
@@ -996,9 +985,8 @@ mod tests {
         tracing::subscriber::with_default(subscriber, || {
             log_captured("grep", "stdout", &capture, &Scrubber::default())
         });
-        let text = String::from_utf8(log.0.lock().unwrap().clone()).unwrap();
         assert_eq!(
-            text,
+            log.text(),
             " INFO hello, h plugin=\"grep\" stream=\"stdout\"\n \
              WARN dropped 4 bytes of stdout past the 8 B kept plugin=\"grep\" stream=\"stdout\"\n"
         );

@@ -48,8 +48,13 @@ pub fn run(args: &CacheArgs) -> Result<()> {
                 let age = now.duration_since(entry.last_seen).unwrap_or_default();
                 let plugins: Vec<String> =
                     entry.plugins.iter().map(|path| path.display().to_string()).collect();
-                let plugins =
-                    if plugins.is_empty() { "(no plugin file indexed)".into() } else { plugins.join(", ") };
+                let plugins = if entry.is_keels_own() {
+                    "(keel's own warm-up tool)".into()
+                } else if plugins.is_empty() {
+                    "(no plugin file indexed)".into()
+                } else {
+                    plugins.join(", ")
+                };
                 println!(
                     "{}  {:>10}  seen {:>8} ago  {plugins}",
                     &entry.content_key[..16],

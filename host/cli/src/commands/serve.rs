@@ -126,14 +126,15 @@ async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
     let metrics = (args.http.http.is_some() || args.metrics.metrics_addr.is_some())
         .then(|| Arc::new(metrics::Metrics::new()));
     // Until it serves, a stop ends it at once: there is nothing to answer.
-    let loading = reload::Plugins::load(args.host.plugin_paths()?, runtime, grants, limits);
+    let loading = reload::Plugins::load(args.host.plugin_paths()?, runtime.clone(), grants, limits);
     let Some(plugins) = stopping.run_until_cancelled(loading).await else { return Ok(()) };
     let mut plugins = plugins?;
     if let Some(metrics) = &metrics {
         metrics.plugins_loaded(plugins.tools().len());
         plugins.count_in(metrics.clone());
     }
-    let Some(host) = stopping.run_until_cancelled(first.plugin_tools(plugins.tools()).build()).await else {
+    let first = first.engine(runtime).plugin_tools(plugins.tools());
+    let Some(host) = stopping.run_until_cancelled(first.build()).await else {
         return Ok(());
     };
     let host = host?;

@@ -345,7 +345,10 @@ where
     F: Future<Output = ()>,
 {
     let built = match builder() {
-        Ok(builder) => builder.plugin_tools(plugins.tools()).build().await.map_err(anyhow::Error::from),
+        Ok(builder) => {
+            let builder = builder.engine(plugins.runtime.clone()).plugin_tools(plugins.tools());
+            builder.build().await.map_err(anyhow::Error::from)
+        }
         Err(error) => Err(error),
     };
     match built {
