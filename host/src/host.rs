@@ -480,7 +480,7 @@ pub struct Host {
     /// The engine of the plugins it loaded itself; when it loaded none, the
     /// one it was given ([`HostBuilder::engine`]), if any.
     runtime: Option<Arc<Runtime>>,
-    /// The limits of the plugins it loaded itself.
+    /// The limits its plugins were loaded with ([`HostBuilder::resolve_limits`]).
     limits: Limits,
     pool: Arc<ToolPool>,
     workspace: PathBuf,
@@ -632,9 +632,9 @@ impl Host {
     /// sandbox of it, one plugin after another; then run one call through
     /// the path every call takes, keeping nothing of it: a call of keel's
     /// own tool, `keel-warm-up`, which imports nothing and is in no pool
-    /// offered to a model, on the engine of the plugins the host loaded; or,
-    /// when it loaded none itself, a call of no tool, which its planning
-    /// answers with an error. A first call then neither loads code nor
+    /// offered to a model, on the engine of the host's plugins (its own, or
+    /// the one it was given: [`HostBuilder::engine`]); or, when it has no
+    /// engine, a call of no tool, which its planning answers with an error. A first call then neither loads code nor
     /// finds its pool slot or the host's own code cold; nor, on the thread
     /// that runs the warm-up, fresh stack pages ([`prefault_thread_stack`]).
     /// Meant to run in the background once the host is built, as `keel
@@ -653,8 +653,14 @@ impl Host {
                 // The calls that arrive meanwhile go first.
                 tokio::task::yield_now().await;
             }
+            // Loaded, as it is called, out of every subscriber's sight.
+            let quiet = tracing::subscriber::NoSubscriber::default;
             let own = match own {
-                Some((runtime, workspace, limits)) => own_pool(&runtime, &workspace, &limits).await,
+                Some((runtime, workspace, limits)) => own_pool(&runtime, &workspace, &limits)
+                    .with_subscriber(quiet())
+                    .await
+                    .inspect_err(|error| tracing::debug!("warm-up: {error}"))
+                    .ok(),
                 None => None,
             };
             let (pool, name) = match own {
@@ -669,7 +675,7 @@ impl Host {
             let call = [ToolUse::new(name, name, Value::Object(Default::default()))];
             let (events, interrupt) = (Events::Nobody, Interrupt::never());
             scheduler::run(pool, call[..].into(), context::initial(), options, events, interrupt)
-                .with_subscriber(tracing::subscriber::NoSubscriber::default())
+                .with_subscriber(quiet())
                 .await;
         }
     }
@@ -708,18 +714,12 @@ impl Host {
 const WARM_UP_CALL: &str = "keel warm-up";
 
 /// A pool of keel's own tool alone, with the default permissions (which
-/// allow it: it is read-only); `None` when it cannot be loaded, which
-/// costs only a warmer first call.
-async fn own_pool(runtime: &Arc<Runtime>, workspace: &Path, limits: &Limits) -> Option<Arc<ToolPool>> {
-    let tool = match canary::load(runtime, workspace, limits).await {
-        Ok(tool) => tool,
-        Err(error) => {
-            tracing::debug!("warm-up: {error}");
-            return None;
-        }
-    };
-    let (pool, _) = ToolPool::assemble(Vec::new(), vec![Arc::new(tool)]).ok()?;
-    Some(Arc::new(pool))
+/// allow it: it is read-only). Failing to load it costs only a colder first
+/// call.
+async fn own_pool(runtime: &Arc<Runtime>, workspace: &Path, limits: &Limits) -> Result<Arc<ToolPool>> {
+    let tool = canary::load(runtime, workspace, limits).await?;
+    let (pool, _) = ToolPool::assemble(Vec::new(), vec![Arc::new(tool)])?;
+    Ok(Arc::new(pool))
 }
 
 /// How much of a thread's stack [`prefault_thread_stack`] touches: more than

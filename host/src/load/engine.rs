@@ -193,37 +193,37 @@ impl Runtime {
 
     /// Compile `bytes` (read from `path`), or load them from the cache.
     pub(crate) fn compile(&self, path: &Path, bytes: &[u8]) -> Result<Compiled> {
-        let started = Instant::now();
-        let (component, from_cache, content_key) = match &self.cache {
-            Some(cache) => {
-                let content_key = cache.content_key(bytes);
-                self.vet_bytes(path, bytes, Some(&content_key))?;
-                let (component, from_cache) =
-                    cache.get_or_compile(&self.engine, &content_key, || self.compile_bytes(path, bytes))?;
-                (component, from_cache, Some(content_key))
-            }
-            None => {
-                self.vet_bytes(path, bytes, None)?;
-                (self.compile_bytes(path, bytes)?, false, None)
-            }
-        };
-        let size = bytes.len() as u64;
-        Ok(Compiled { component, from_cache, time: started.elapsed(), size, content_key })
+        self.compile_vetted(path, bytes, |content_key| self.vet_bytes(path, bytes, content_key))
     }
 
     /// Compile keel's own component `bytes` (`label` names it in errors), or
     /// load it from the cache: [`Runtime::compile`], but not held to the
     /// pins, which vouch for plugins, not for what keel itself ships.
     pub(crate) fn compile_own(&self, label: &Path, bytes: &[u8]) -> Result<Compiled> {
+        self.compile_vetted(label, bytes, |_| Ok(()))
+    }
+
+    /// Compile `bytes`, or load them from the cache, once `vet` passed them
+    /// (given their content key when there is a cache).
+    fn compile_vetted(
+        &self,
+        path: &Path,
+        bytes: &[u8],
+        vet: impl FnOnce(Option<&str>) -> Result<()>,
+    ) -> Result<Compiled> {
         let started = Instant::now();
         let (component, from_cache, content_key) = match &self.cache {
             Some(cache) => {
                 let content_key = cache.content_key(bytes);
+                vet(Some(&content_key))?;
                 let (component, from_cache) =
-                    cache.get_or_compile(&self.engine, &content_key, || self.compile_bytes(label, bytes))?;
+                    cache.get_or_compile(&self.engine, &content_key, || self.compile_bytes(path, bytes))?;
                 (component, from_cache, Some(content_key))
             }
-            None => (self.compile_bytes(label, bytes)?, false, None),
+            None => {
+                vet(None)?;
+                (self.compile_bytes(path, bytes)?, false, None)
+            }
         };
         let size = bytes.len() as u64;
         Ok(Compiled { component, from_cache, time: started.elapsed(), size, content_key })
