@@ -390,6 +390,14 @@ struct Counted {
     begun: Arc<AtomicUsize>,
 }
 
+impl Counted {
+    /// A native tool named `name` that counts each call it begins in `begun`.
+    fn new(name: &str, begun: &Arc<AtomicUsize>) -> Arc<Self> {
+        let spec = ToolSpec::native(name, "Counts its calls.", json!({ "type": "object" }));
+        Arc::new(Counted { spec, begun: begun.clone() })
+    }
+}
+
 #[async_trait]
 impl Tool for Counted {
     fn spec(&self) -> &ToolSpec {
@@ -407,10 +415,7 @@ fn a_warm_up_calls_keels_own_tool_and_keeps_nor_reports_anything_of_it() {
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("a.txt"), "x").unwrap();
     let begun = Arc::new(AtomicUsize::new(0));
-    let counted = |name: &str| {
-        let spec = ToolSpec::native(name, "Counts its calls.", json!({ "type": "object" }));
-        Arc::new(Counted { spec, begun: begun.clone() })
-    };
+    let counted = |name: &str| Counted::new(name, &begun);
     // Native tools named as keel's own tool and as the call of no tool.
     let host = example_host(workspace.path()).tool(counted("keel-warm-up")).tool(counted("keel warm-up"));
     let host = block_on(host.build()).unwrap();
@@ -430,10 +435,7 @@ fn a_warm_up_calls_keels_own_tool_and_keeps_nor_reports_anything_of_it() {
 fn a_warm_up_without_an_engine_calls_no_tool_and_keeps_nothing_of_it() {
     let workspace = tempfile::tempdir().unwrap();
     let begun = Arc::new(AtomicUsize::new(0));
-    let counted = |name: &str| {
-        let spec = ToolSpec::native(name, "Counts its calls.", json!({ "type": "object" }));
-        Arc::new(Counted { spec, begun: begun.clone() })
-    };
+    let counted = |name: &str| Counted::new(name, &begun);
     // No plugin: the host has no engine to run keel's own tool on.
     let host = keel_host::Host::builder().workspace(workspace.path()).cache_dir(None);
     let host = host.tool(counted("keel warm-up")).tool(counted("keel-warm-up"));
@@ -441,7 +443,7 @@ fn a_warm_up_without_an_engine_calls_no_tool_and_keeps_nothing_of_it() {
     block_on(host.warm_up());
     assert_eq!(begun.load(Ordering::Relaxed), 0, "no tool is called, whatever its name");
     assert!(block_on(host.ledger()).is_empty());
-    let counted = ToolUse::new("a", "keel-warm-up", json!({}));
-    block_on(host.run_batch(&[counted]));
+    let call = ToolUse::new("a", "keel-warm-up", json!({}));
+    block_on(host.run_batch(&[call]));
     assert_eq!(begun.load(Ordering::Relaxed), 1, "a call of the tool of that name calls it");
 }
