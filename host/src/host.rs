@@ -654,7 +654,7 @@ impl Host {
                 tokio::task::yield_now().await;
             }
             // Loaded, as it is called, out of every subscriber's sight.
-            let quiet = tracing::subscriber::NoSubscriber::default;
+            let quiet = || Quiet;
             let own = match own {
                 Some((runtime, workspace, limits)) => own_pool(&runtime, &workspace, &limits)
                     .with_subscriber(quiet())
@@ -784,6 +784,43 @@ impl BatchRun {
     }
 }
 
+/// A subscriber that takes nothing and says so: what the warm-up runs
+/// under. Unlike `tracing`'s own `NoSubscriber`, it gives its highest level
+/// (none), so that it does not raise the level every subscriber of the
+/// process is asked about: a subscriber that names no level counts as
+/// wanting them all, and every call after the warm-up would then make its
+/// spans and events only to find nobody wants them.
+struct Quiet;
+
+impl tracing::Subscriber for Quiet {
+    fn register_callsite(&self, _: &'static tracing::Metadata<'static>) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::never()
+    }
+
+    fn max_level_hint(&self) -> Option<tracing::level_filters::LevelFilter> {
+        Some(tracing::level_filters::LevelFilter::OFF)
+    }
+
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        false
+    }
+
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        // Never called: no span is enabled.
+        tracing::span::Id::from_u64(1)
+    }
+
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+
+    fn event(&self, _: &tracing::Event<'_>) {}
+
+    fn enter(&self, _: &tracing::span::Id) {}
+
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
 #[cfg(test)]
 mod tests {
     /// Page faults this thread has taken that needed no disk read, read
@@ -873,6 +910,45 @@ mod tests {
         let (fresh, prefaulted) = (probe_stack_faults("fresh"), probe_stack_faults("prefaulted"));
         assert!(fresh > 0, "a fresh thread's stack took no fault to go {DEEP} bytes deep");
         assert_eq!(prefaulted, 0, "a prefaulted stack still took faults (a fresh one took {fresh})");
+    }
+
+    /// A warm-up on an engine (so with keel's own tool), in a process whose
+    /// one subscriber wants warnings: the level the process's subscribers
+    /// are asked about afterwards, and whether a call's span is then made,
+    /// printed. Run by the test below in a process of its own: the level is
+    /// the process's, and other tests' subscribers would raise it.
+    #[test]
+    #[ignore = "run in a process of its own by a_warm_up_leaves_the_level_of_the_process_as_it_was"]
+    fn warm_up_level_probe() {
+        let warnings = tracing_subscriber::fmt().with_max_level(tracing::Level::WARN).finish();
+        tracing::subscriber::set_global_default(warnings).unwrap();
+        let workspace = tempfile::tempdir().unwrap();
+        let engine = Arc::new(Runtime::new(&Limits::default(), None).unwrap());
+        let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap();
+        let builder = Host::builder().workspace(workspace.path()).cache_dir(None).engine(engine);
+        let host = runtime.block_on(builder.build()).unwrap();
+        runtime.block_on(host.warm_up());
+        println!("level: {}", tracing::level_filters::LevelFilter::current());
+        let made = !tracing::info_span!(target: "keel_host::call", "call").is_disabled();
+        println!("span made: {made}");
+    }
+
+    #[test]
+    fn a_warm_up_leaves_the_level_of_the_process_as_it_was() {
+        let output = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([
+                "host::tests::warm_up_level_probe",
+                "--exact",
+                "--ignored",
+                "--nocapture",
+                "--test-threads=1",
+            ])
+            .output()
+            .unwrap();
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(output.status.success(), "the probe failed: {stdout}");
+        assert!(stdout.contains("level: warn"), "{stdout}");
+        assert!(stdout.contains("span made: false"), "{stdout}");
     }
 
     use super::*;

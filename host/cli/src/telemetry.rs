@@ -38,16 +38,13 @@ impl Telemetry {
 /// over OTLP whatever that level, when an endpoint is set.
 pub fn init() -> Telemetry {
     let filter = EnvFilter::try_from_env("KEEL_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
-    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
-    let registry = tracing_subscriber::registry().with(logs.with_filter(filter));
     #[cfg(feature = "otlp")]
     {
         let (provider, error) = match otlp::exporter() {
             Ok(provider) => (provider, None),
             Err(error) => (None, Some(error)),
         };
-        let layer = provider.as_ref().map(otlp::layer);
-        registry.with(layer).init();
+        dispatch(filter, provider.as_ref()).init();
         // Said once logging is up; the command runs without export.
         if let Some(error) = error {
             tracing::warn!("spans are not exported: {error}");
@@ -56,9 +53,26 @@ pub fn init() -> Telemetry {
     }
     #[cfg(not(feature = "otlp"))]
     {
-        registry.init();
+        dispatch(filter).init();
         Telemetry {}
     }
+}
+
+/// Logs through `filter` to stderr, and spans to `provider` when there is
+/// one. Without one, no layer stands in for it: tracing takes an absent
+/// (`None`) layer to want every span at every level, and every call would
+/// then make spans (keel's, wasmtime's, WASI's) that nobody reads.
+fn dispatch(
+    filter: EnvFilter,
+    #[cfg(feature = "otlp")] provider: Option<&opentelemetry_sdk::trace::SdkTracerProvider>,
+) -> tracing::Dispatch {
+    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
+    let registry = tracing_subscriber::registry().with(logs.with_filter(filter));
+    #[cfg(feature = "otlp")]
+    if let Some(provider) = provider {
+        return tracing::Dispatch::new(registry.with(otlp::layer(provider)));
+    }
+    tracing::Dispatch::new(registry)
 }
 
 #[cfg(feature = "otlp")]
@@ -134,5 +148,35 @@ mod otlp {
         let tracer = provider.tracer("keel");
         let spans = Targets::new().with_target("keel_host", LevelFilter::INFO);
         tracing_opentelemetry::layer().with_tracer(tracer).with_filter(spans)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn without_an_exporter_no_span_is_made_below_the_log_level() {
+        let dispatch = dispatch(
+            EnvFilter::new("warn"),
+            #[cfg(feature = "otlp")]
+            None,
+        );
+        tracing::dispatcher::with_default(&dispatch, || {
+            assert!(tracing::info_span!(target: "keel_host::call", "call").is_disabled());
+            assert!(tracing::trace_span!(target: "wasmtime_wasi", "read").is_disabled());
+            assert!(tracing::enabled!(tracing::Level::WARN));
+        });
+    }
+
+    #[cfg(feature = "otlp")]
+    #[test]
+    fn with_an_exporter_keels_spans_are_made_and_no_others() {
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let dispatch = dispatch(EnvFilter::new("warn"), Some(&provider));
+        tracing::dispatcher::with_default(&dispatch, || {
+            assert!(!tracing::info_span!(target: "keel_host::call", "call").is_disabled());
+            assert!(tracing::trace_span!(target: "wasmtime_wasi", "read").is_disabled());
+        });
     }
 }
