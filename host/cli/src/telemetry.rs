@@ -157,6 +157,11 @@ mod tests {
 
     #[test]
     fn without_an_exporter_no_span_is_made_below_the_log_level() {
+        // A subscriber that names no highest level, as `tracing`'s own
+        // `NoSubscriber` does, lifts the level every subscriber of the
+        // process is asked about to TRACE while it lives: the answer must
+        // then come from the logging filter.
+        let _unlevelled = tracing::Dispatch::new(tracing::subscriber::NoSubscriber::default());
         let dispatch = dispatch(
             EnvFilter::new("warn"),
             #[cfg(feature = "otlp")]
