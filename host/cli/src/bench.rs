@@ -339,8 +339,15 @@ pub fn start_pool(
     let runtime = runtime(cores());
     let build =
         Host::builder().workspace(plugins).plugins(plugins).cache_dir(Some(cache.to_path_buf())).build();
-    // The copies' names clash, and each clash is a warning: not what is measured.
-    let quiet = tracing::subscriber::NoSubscriber::default();
+    // The copies' names clash, and each clash is a warning: not what is
+    // measured. The subscriber that hides them names its highest level, none,
+    // so that it leaves the level the process's subscribers are asked about
+    // where it was (`tracing`'s `NoSubscriber` names none, which lifts it to
+    // TRACE for good).
+    let quiet = tracing_subscriber::layer::SubscriberExt::with(
+        tracing_subscriber::registry(),
+        tracing_subscriber::filter::LevelFilter::OFF,
+    );
     let host = tracing::subscriber::with_default(quiet, || runtime.block_on(build))?;
     Ok((started.elapsed().as_secs_f64() * 1e3, host, runtime))
 }
