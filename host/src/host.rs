@@ -654,10 +654,9 @@ impl Host {
                 tokio::task::yield_now().await;
             }
             // Loaded, as it is called, out of every subscriber's sight.
-            let quiet = || Quiet;
             let own = match own {
                 Some((runtime, workspace, limits)) => own_pool(&runtime, &workspace, &limits)
-                    .with_subscriber(quiet())
+                    .with_subscriber(Quiet)
                     .await
                     .inspect_err(|error| tracing::debug!("warm-up: {error}"))
                     .ok(),
@@ -675,7 +674,7 @@ impl Host {
             let call = [ToolUse::new(name, name, Value::Object(Default::default()))];
             let (events, interrupt) = (Events::Nobody, Interrupt::never());
             scheduler::run(pool, call[..].into(), context::initial(), options, events, interrupt)
-                .with_subscriber(quiet())
+                .with_subscriber(Quiet)
                 .await;
         }
     }
