@@ -23,6 +23,7 @@ mod http;
 mod metrics;
 mod oversized;
 mod reload;
+mod stdio;
 mod stop;
 
 use std::io::Write as _;
@@ -43,12 +44,10 @@ use rmcp::model::{
     ToolAnnotations,
 };
 use rmcp::service::RequestContext;
-use rmcp::transport::async_rw::AsyncRwTransport;
-use rmcp::{ErrorData, Peer, RoleServer, ServerHandler, ServiceExt as _};
+use rmcp::{ErrorData, Peer, RoleServer, ServerHandler};
 use serde_json::Value;
 use tokio_util::sync::CancellationToken;
 
-use self::arrivals::Arrivals;
 use super::run::HostArgs;
 
 /// Arguments of `keel serve`.
@@ -167,34 +166,7 @@ async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
         let endpoint = endpoint.filter(|_| args.metrics.metrics_addr.is_none());
         return http::serve(server, addr, &args.http, endpoint).await;
     }
-    let (stdin, stdout) = rmcp::transport::stdio_pipes();
-    let lane = fast_calls::CallLane::default();
-    let stdin =
-        oversized::BoundedLines::new(stdin, oversized::MAX_MESSAGE_BYTES).decoding_calls(lane.clone());
-    // The lines are bounded below; a stand-in for one too large is short.
-    let rw = AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(oversized::MAX_MESSAGE_BYTES);
-    let transport = Arrivals::new(rw, server.live.clone(), lane);
-    tracing::info!("serving {} tools over MCP on stdio", server.live.current().tools.len());
-    let stopping = server.stopping.clone();
-    let Some(service) = stopping.run_until_cancelled(server.serve(transport)).await else {
-        return Ok(());
-    };
-    let service = service.context("failed to start the MCP session")?;
-    let session = service.cancellation_token();
-    let waiting = service.waiting();
-    tokio::pin!(waiting);
-    tokio::select! {
-        ended = &mut waiting => {
-            ended.context("the MCP session failed")?;
-            return Ok(());
-        }
-        () = stopping.cancelled() => {}
-    }
-    // The calls in flight were interrupted: rmcp sends the replies their
-    // handlers give before it closes the session.
-    session.cancel();
-    waiting.await.context("the MCP session failed")?;
-    Ok(())
+    stdio::serve(server).await
 }
 
 /// Where this server persists results: a session directory of its own under
@@ -291,6 +263,9 @@ struct Server {
     /// Cancelled when the server stops: every call still to start or
     /// running is interrupted, so that its request is answered.
     stopping: CancellationToken,
+    /// Where a stdio session's calls run; over HTTP, on the thread of the
+    /// request.
+    placement: Option<stdio::Placement>,
 }
 
 impl Server {
@@ -309,6 +284,7 @@ impl Server {
             prompter,
             log_level: Arc::default(),
             stopping: CancellationToken::new(),
+            placement: None,
         }
     }
 
@@ -498,7 +474,17 @@ impl ServerHandler for Server {
         let log = least
             .map(|least| (Arc::new(forward::log(context.peer.clone(), request.name.to_string())), least));
         let tool = live.tool_name(&request.name);
-        let result = self.call(tool_use, tool, arrival, &context.ct, progress, log).await;
+        let result = match self.placement.as_ref().map(stdio::Placement::claim) {
+            Some(Err(placement)) => {
+                let (server, tool, cancelled) = (self.clone(), tool.map(str::to_owned), context.ct.clone());
+                let call = async move {
+                    server.call(tool_use, tool.as_deref(), arrival, &cancelled, progress, log).await
+                };
+                placement.run_elsewhere(call).await
+            }
+            // Here, counted as running here until it ends.
+            _running => self.call(tool_use, tool, arrival, &context.ct, progress, log).await,
+        };
         drop(live);
         // A call that stopped to ask its client answers with the question.
         if let Some(asked) =

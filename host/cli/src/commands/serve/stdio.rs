@@ -1,0 +1,213 @@
+//! `keel serve` on stdio: the session on a thread of its own.
+//!
+//! The session's requests are read, its calls run and its replies written
+//! on one thread, by a current-thread runtime. On the runtime every core's
+//! worker shares, a call of a client that waits for each reply hopped
+//! between the workers: read on one, run on the other, its reply written
+//! back on the first, each hand-over waking a sleeping thread on a core
+//! whose caches held nothing of the request. That was a fifth to two
+//! fifths of the server's CPU per call (README, Performance: levers kept).
+//!
+//! A call that arrives while another call of the session runs on its
+//! thread is run on the shared runtime instead ([`Placement`]), whose
+//! workers run it beside the first: calls that may overlap still do, on
+//! every core.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use anyhow::{Context as _, Result};
+use rmcp::ServiceExt as _;
+use rmcp::transport::async_rw::AsyncRwTransport;
+use tokio::runtime::Handle;
+
+use super::arrivals::Arrivals;
+use super::{Server, fast_calls, oversized};
+
+/// Where a session's calls run: on the session's own thread while no other
+/// call of it runs there, else on the shared runtime. Clones share it.
+#[derive(Clone)]
+pub struct Placement {
+    /// The runtime every core's worker shares.
+    shared: Handle,
+    /// The calls running on the session's thread: none or one.
+    here: Arc<AtomicUsize>,
+}
+
+impl Placement {
+    /// This thread for a call, counted as running here until dropped,
+    /// unless a call already runs here: then `Err`, and the call goes to
+    /// [`Placement::run_elsewhere`].
+    pub fn claim(&self) -> Result<Running<'_>, &Self> {
+        if self.here.load(Ordering::Relaxed) > 0 {
+            return Err(self);
+        }
+        self.here.fetch_add(1, Ordering::Relaxed);
+        Ok(Running(&self.here))
+    }
+
+    /// Run `call` on the shared runtime; it is stopped there if the caller
+    /// gives up waiting, as a call run here would be.
+    pub async fn run_elsewhere<T: Send + 'static>(
+        &self,
+        call: impl Future<Output = T> + Send + 'static,
+    ) -> T {
+        let mut task = Abort(self.shared.spawn(call));
+        match (&mut task.0).await {
+            Ok(output) => output,
+            Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
+            // Aborted only by the caller's dropping it, which then waits no more.
+            Err(error) => unreachable!("a call's task was cancelled while awaited: {error}"),
+        }
+    }
+}
+
+/// A call running on the session's thread, counted while it lives.
+pub struct Running<'a>(&'a AtomicUsize);
+
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// A task on the shared runtime, aborted when dropped: a call handed there
+/// ends with the request that made it, as one run here would.
+struct Abort<T>(tokio::task::JoinHandle<T>);
+
+impl<T> Drop for Abort<T> {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Serve MCP on stdin and stdout until the client closes stdin or the
+/// server stops, on a thread of the session's own.
+pub async fn serve(server: Server) -> Result<()> {
+    let shared = Handle::current();
+    let (done, ended) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new().name("keel-stdio".into()).spawn(move || {
+        // A call's reply goes out before its sandbox is torn down.
+        keel_host::defer_teardown_on_this_thread();
+        // Its calls run on this thread's stack, not on a worker's.
+        keel_host::prefault_thread_stack();
+        let served = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("failed to start the stdio session's runtime")
+            .and_then(|runtime| {
+                let served = runtime.block_on(session(server, shared));
+                // A blocking read of stdin (not a pipe) cannot be
+                // cancelled: it is not waited for.
+                runtime.shutdown_background();
+                served
+            });
+        let _ = done.send(served);
+    })?;
+    ended.await.context("the stdio session's thread panicked")?
+}
+
+/// The session, on its thread's runtime: its plugins warmed up there too,
+/// so that the first call of each finds this thread's pool slots warm.
+async fn session(server: Server, shared: Handle) -> Result<()> {
+    let server = Server { placement: Some(Placement { shared, here: Arc::default() }), ..server };
+    tokio::spawn(server.live.current()._host.warm_up());
+    let (stdin, stdout) = rmcp::transport::stdio_pipes();
+    let lane = fast_calls::CallLane::default();
+    let stdin =
+        oversized::BoundedLines::new(stdin, oversized::MAX_MESSAGE_BYTES).decoding_calls(lane.clone());
+    // The lines are bounded below; a stand-in for one too large is short.
+    let rw = AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(oversized::MAX_MESSAGE_BYTES);
+    let transport = Arrivals::new(rw, server.live.clone(), lane);
+    tracing::info!("serving {} tools over MCP on stdio", server.live.current().tools.len());
+    let stopping = server.stopping.clone();
+    let Some(service) = stopping.run_until_cancelled(server.serve(transport)).await else {
+        return Ok(());
+    };
+    let service = service.context("failed to start the MCP session")?;
+    let session = service.cancellation_token();
+    let waiting = service.waiting();
+    tokio::pin!(waiting);
+    tokio::select! {
+        ended = &mut waiting => {
+            ended.context("the MCP session failed")?;
+            return Ok(());
+        }
+        () = stopping.cancelled() => {}
+    }
+    // The calls in flight were interrupted: rmcp sends the replies their
+    // handlers give before it closes the session.
+    session.cancel();
+    waiting.await.context("the MCP session failed")?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::AtomicBool;
+    use std::time::Duration;
+
+    use super::*;
+
+    /// The shared runtime of a test: one worker, named so that a call can
+    /// tell where it ran.
+    fn shared() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("shared-worker")
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn where_it_runs() -> Option<String> {
+        std::thread::current().name().map(str::to_owned)
+    }
+
+    #[test]
+    fn a_call_runs_here_while_no_other_does_and_on_the_shared_runtime_while_one_does() {
+        let shared = shared();
+        let placement = Placement { shared: shared.handle().clone(), here: Arc::default() };
+        let first = placement.claim().ok().expect("no call runs here yet");
+        let second = placement.claim().err().expect("a call runs here");
+        let here = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let ran = here.block_on(second.run_elsewhere(async { where_it_runs() }));
+        assert_eq!(ran.as_deref(), Some("shared-worker"));
+        drop(first);
+        assert!(placement.claim().is_ok(), "the thread is free again once its call ends");
+    }
+
+    #[test]
+    fn a_call_on_the_shared_runtime_is_stopped_when_its_caller_gives_up() {
+        /// Set when the call's future is dropped.
+        struct Dropped(Arc<AtomicBool>);
+        impl Drop for Dropped {
+            fn drop(&mut self) {
+                self.0.store(true, Ordering::SeqCst);
+            }
+        }
+        let shared = shared();
+        let placement = Placement { shared: shared.handle().clone(), here: Arc::default() };
+        let dropped = Arc::new(AtomicBool::new(false));
+        let call = {
+            let dropped = Dropped(dropped.clone());
+            async move {
+                let _dropped = dropped;
+                std::future::pending::<()>().await
+            }
+        };
+        let here = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let waited = here.block_on(async {
+            tokio::time::timeout(Duration::from_millis(20), placement.run_elsewhere(call)).await
+        });
+        assert!(waited.is_err(), "the call never ends by itself");
+        for _ in 0..500 {
+            if dropped.load(Ordering::SeqCst) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        panic!("the call given up on still runs on the shared runtime");
+    }
+}
