@@ -145,7 +145,16 @@ async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
         Some(path) => Some(Arc::new(super::run::trace::TraceFile::create(path)?)),
         None => None,
     };
-    let server = Server { trace, stopping, ..Server::new(host, events, asker, metrics.clone()) };
+    // On stdio, the session's thread runs the calls, and so their warm-ups.
+    let transport = match args.http.http {
+        Some(addr) => Transport::Http(addr),
+        None => Transport::Stdio(stdio::Session::start()?),
+    };
+    let warm_on = match &transport {
+        Transport::Stdio(session) => session.handle(),
+        Transport::Http(_) => tokio::runtime::Handle::current(),
+    };
+    let server = Server { trace, stopping, ..Server::new(host, events, asker, metrics.clone(), warm_on) };
     let watched = server.clone();
     tokio::spawn(reload::watch(
         plugins,
@@ -160,13 +169,23 @@ async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
         let hosts = http::allowed_hosts(&args.http.allow_hosts).into();
         http::serve_metrics(endpoint.clone(), addr, hosts).await?;
     }
-    if let Some(addr) = args.http.http {
-        // `/metrics` on the MCP listener, behind its token, unless it
-        // has a listener of its own.
-        let endpoint = endpoint.filter(|_| args.metrics.metrics_addr.is_none());
-        return http::serve(server, addr, &args.http, endpoint).await;
+    match transport {
+        Transport::Http(addr) => {
+            // `/metrics` on the MCP listener, behind its token, unless it
+            // has a listener of its own.
+            let endpoint = endpoint.filter(|_| args.metrics.metrics_addr.is_none());
+            http::serve(server, addr, &args.http, endpoint).await
+        }
+        Transport::Stdio(session) => session.serve(server).await,
     }
-    stdio::serve(server).await
+}
+
+/// Where the server takes its requests.
+enum Transport {
+    /// One session on stdin and stdout, on a thread of its own.
+    Stdio(stdio::Session),
+    /// Streamable HTTP on this address.
+    Http(std::net::SocketAddr),
 }
 
 /// Where this server persists results: a session directory of its own under
@@ -198,10 +217,16 @@ pub struct Live {
 }
 
 impl Live {
-    fn new(host: Host, context: serde_json::Value, metrics: Option<Arc<metrics::Metrics>>) -> Self {
-        // Off the path of any call: the first call of a plugin then neither
-        // loads its code nor finds its pool slot cold.
-        tokio::spawn(host.warm_up());
+    fn new(
+        host: Host,
+        context: serde_json::Value,
+        metrics: Option<Arc<metrics::Metrics>>,
+        warm_on: &tokio::runtime::Handle,
+    ) -> Self {
+        // Off the path of any call, on the runtime whose threads run the
+        // calls: the first call of a plugin then neither loads its code nor
+        // finds its pool slot cold.
+        warm_on.spawn(host.warm_up());
         let tools = mcp_tools(&host).into();
         let stream = host.stream(context);
         Live { stream, tools, _host: host, metrics }
@@ -266,6 +291,8 @@ struct Server {
     /// Where a stdio session's calls run; over HTTP, on the thread of the
     /// request.
     placement: Option<stdio::Placement>,
+    /// The runtime each new pool is warmed up on.
+    warm_on: tokio::runtime::Handle,
 }
 
 impl Server {
@@ -274,9 +301,10 @@ impl Server {
         events: Option<EventLog>,
         prompter: approval::ClientPrompter,
         metrics: Option<Arc<metrics::Metrics>>,
+        warm_on: tokio::runtime::Handle,
     ) -> Self {
         Server {
-            live: Shelf::new(Live::new(host, keel_host::context::initial(), metrics.clone())),
+            live: Shelf::new(Live::new(host, keel_host::context::initial(), metrics.clone(), &warm_on)),
             peers: Arc::default(),
             events: events.map(Arc::new),
             metrics,
@@ -285,6 +313,7 @@ impl Server {
             log_level: Arc::default(),
             stopping: CancellationToken::new(),
             placement: None,
+            warm_on,
         }
     }
 
@@ -292,7 +321,7 @@ impl Server {
     /// client the tool list changed.
     async fn reloaded(&self, host: Host) {
         let context = self.live.current().stream.context();
-        self.live.replace(Live::new(host, context, self.metrics.clone()));
+        self.live.replace(Live::new(host, context, self.metrics.clone(), &self.warm_on));
         if let Some(metrics) = &self.metrics {
             metrics.reloaded();
         }

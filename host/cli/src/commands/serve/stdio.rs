@@ -82,37 +82,64 @@ impl<T> Drop for Abort<T> {
     }
 }
 
-/// Serve MCP on stdin and stdout until the client closes stdin or the
-/// server stops, on a thread of the session's own.
-pub async fn serve(server: Server) -> Result<()> {
-    let shared = Handle::current();
-    let (done, ended) = tokio::sync::oneshot::channel();
-    std::thread::Builder::new().name("keel-stdio".into()).spawn(move || {
-        // A call's reply goes out before its sandbox is torn down.
-        keel_host::defer_teardown_on_this_thread();
-        // Its calls run on this thread's stack, not on a worker's.
-        keel_host::prefault_thread_stack();
-        let served = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("failed to start the stdio session's runtime")
-            .and_then(|runtime| {
-                let served = runtime.block_on(session(server, shared));
-                // A blocking read of stdin (not a pipe) cannot be
-                // cancelled: it is not waited for.
-                runtime.shutdown_background();
-                served
-            });
-        let _ = done.send(served);
-    })?;
-    ended.await.context("the stdio session's thread panicked")?
+/// The thread a stdio session runs on, started before the server is made
+/// so that the server's warm-ups run there: the session's calls run there,
+/// and wasmtime's pool gives each thread slots of a shard of its own.
+pub struct Session {
+    runtime: Handle,
+    server: tokio::sync::oneshot::Sender<Server>,
+    ended: tokio::sync::oneshot::Receiver<Result<()>>,
 }
 
-/// The session, on its thread's runtime: its plugins warmed up there too,
-/// so that the first call of each finds this thread's pool slots warm.
+impl Session {
+    /// Start the session's thread and its runtime; it waits for the server
+    /// ([`Session::serve`]), and ends if it is dropped instead.
+    pub fn start() -> Result<Self> {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .context("failed to start the stdio session's runtime")?;
+        let handle = runtime.handle().clone();
+        let shared = Handle::current();
+        let (server, given) = tokio::sync::oneshot::channel::<Server>();
+        let (done, ended) = tokio::sync::oneshot::channel();
+        std::thread::Builder::new().name("keel-stdio".into()).spawn(move || {
+            // A call's reply goes out before its sandbox is torn down.
+            keel_host::defer_teardown_on_this_thread();
+            // Its calls run on this thread's stack, not on a worker's.
+            keel_host::prefault_thread_stack();
+            let served = runtime.block_on(async move {
+                match given.await {
+                    Ok(server) => session(server, shared).await,
+                    Err(_) => Ok(()),
+                }
+            });
+            // A blocking read of stdin (not a pipe) cannot be cancelled: it
+            // is not waited for.
+            runtime.shutdown_background();
+            let _ = done.send(served);
+        })?;
+        Ok(Session { runtime: handle, server, ended })
+    }
+
+    /// The runtime of the session's thread.
+    pub fn handle(&self) -> Handle {
+        self.runtime.clone()
+    }
+
+    /// Serve MCP on stdin and stdout with `server` until the client closes
+    /// stdin or the server stops.
+    pub async fn serve(self, server: Server) -> Result<()> {
+        if self.server.send(server).is_err() {
+            anyhow::bail!("the stdio session's thread ended before it was given the server");
+        }
+        self.ended.await.context("the stdio session's thread panicked")?
+    }
+}
+
+/// The session, on its thread's runtime.
 async fn session(server: Server, shared: Handle) -> Result<()> {
     let server = Server { placement: Some(Placement { shared, here: Arc::default() }), ..server };
-    tokio::spawn(server.live.current()._host.warm_up());
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let lane = fast_calls::CallLane::default();
     let stdin =
