@@ -188,6 +188,10 @@ enum Transport {
     Http(std::net::SocketAddr),
 }
 
+/// The result of a call that was still running on the shared runtime when
+/// the process ended, after the drain ([`stop`]).
+const STOPPED_AT_EXIT: &str = "Interrupted: keel stopped before the call finished.";
+
 /// Where this server persists results: a session directory of its own under
 /// the workspace's `.keel/session/` (the host's default session directory),
 /// named by the start time and process id. Call ids (`mcp-<n>`) count from 0
@@ -506,10 +510,11 @@ impl ServerHandler for Server {
         let result = match self.placement.as_ref().map(stdio::Placement::claim) {
             Some(Err(placement)) => {
                 let (server, tool, cancelled) = (self.clone(), tool.map(str::to_owned), context.ct.clone());
+                let id = tool_use.id.clone();
                 let call = async move {
                     server.call(tool_use, tool.as_deref(), arrival, &cancelled, progress, log).await
                 };
-                placement.run_elsewhere(call).await
+                placement.run_elsewhere(call).await.unwrap_or_else(|| ToolResult::error(id, STOPPED_AT_EXIT))
             }
             // Here, counted as running here until it ends.
             _running => self.call(tool_use, tool, arrival, &context.ct, progress, log).await,

@@ -15,7 +15,7 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context as _, Result};
 use rmcp::ServiceExt as _;
@@ -31,44 +31,44 @@ use super::{Server, fast_calls, oversized};
 pub struct Placement {
     /// The runtime every core's worker shares.
     shared: Handle,
-    /// The calls running on the session's thread: none or one.
-    here: Arc<AtomicUsize>,
+    /// Whether a call runs on the session's thread.
+    busy: Arc<AtomicBool>,
 }
 
 impl Placement {
-    /// This thread for a call, counted as running here until dropped,
+    /// This thread for a call, taken until the [`Running`] is dropped,
     /// unless a call already runs here: then `Err`, and the call goes to
     /// [`Placement::run_elsewhere`].
     pub fn claim(&self) -> Result<Running<'_>, &Self> {
-        if self.here.load(Ordering::Relaxed) > 0 {
+        if self.busy.swap(true, Ordering::Relaxed) {
             return Err(self);
         }
-        self.here.fetch_add(1, Ordering::Relaxed);
-        Ok(Running(&self.here))
+        Ok(Running(&self.busy))
     }
 
     /// Run `call` on the shared runtime; it is stopped there if the caller
-    /// gives up waiting, as a call run here would be.
+    /// gives up waiting, as a call run here would be. `None` if the shared
+    /// runtime dropped it, shutting down as the process ends.
     pub async fn run_elsewhere<T: Send + 'static>(
         &self,
         call: impl Future<Output = T> + Send + 'static,
-    ) -> T {
+    ) -> Option<T> {
         let mut task = Abort(self.shared.spawn(call));
         match (&mut task.0).await {
-            Ok(output) => output,
+            Ok(output) => Some(output),
             Err(error) if error.is_panic() => std::panic::resume_unwind(error.into_panic()),
-            // Aborted only by the caller's dropping it, which then waits no more.
-            Err(error) => unreachable!("a call's task was cancelled while awaited: {error}"),
+            Err(_) => None,
         }
     }
 }
 
-/// A call running on the session's thread, counted while it lives.
-pub struct Running<'a>(&'a AtomicUsize);
+/// A call running on the session's thread, which is free again once it is
+/// dropped.
+pub struct Running<'a>(&'a AtomicBool);
 
 impl Drop for Running<'_> {
     fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::Relaxed);
+        self.0.store(false, Ordering::Relaxed);
     }
 }
 
@@ -139,7 +139,7 @@ impl Session {
 
 /// The session, on its thread's runtime.
 async fn session(server: Server, shared: Handle) -> Result<()> {
-    let server = Server { placement: Some(Placement { shared, here: Arc::default() }), ..server };
+    let server = Server { placement: Some(Placement { shared, busy: Arc::default() }), ..server };
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let lane = fast_calls::CallLane::default();
     let stdin =
@@ -172,7 +172,6 @@ async fn session(server: Server, shared: Handle) -> Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use std::sync::atomic::AtomicBool;
     use std::time::Duration;
 
     use super::*;
@@ -195,14 +194,31 @@ mod tests {
     #[test]
     fn a_call_runs_here_while_no_other_does_and_on_the_shared_runtime_while_one_does() {
         let shared = shared();
-        let placement = Placement { shared: shared.handle().clone(), here: Arc::default() };
+        let placement = Placement { shared: shared.handle().clone(), busy: Arc::default() };
         let first = placement.claim().ok().expect("no call runs here yet");
         let second = placement.claim().err().expect("a call runs here");
         let here = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
         let ran = here.block_on(second.run_elsewhere(async { where_it_runs() }));
-        assert_eq!(ran.as_deref(), Some("shared-worker"));
+        assert_eq!(ran.flatten().as_deref(), Some("shared-worker"));
         drop(first);
         assert!(placement.claim().is_ok(), "the thread is free again once its call ends");
+    }
+
+    #[test]
+    fn a_call_the_shared_runtime_drops_as_it_shuts_down_has_no_output() {
+        let shared = shared();
+        let placement = Placement { shared: shared.handle().clone(), busy: Arc::default() };
+        let here = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let ran = here.block_on(async {
+            let waiting = placement.run_elsewhere(std::future::pending::<()>());
+            tokio::pin!(waiting);
+            // Handed over first, then dropped there.
+            let handed = tokio::time::timeout(Duration::from_millis(20), &mut waiting).await;
+            assert!(handed.is_err(), "the call never ends by itself");
+            shared.shutdown_background();
+            tokio::time::timeout(Duration::from_secs(5), waiting).await
+        });
+        assert_eq!(ran, Ok(None), "its caller is told it has no output");
     }
 
     #[test]
@@ -215,7 +231,7 @@ mod tests {
             }
         }
         let shared = shared();
-        let placement = Placement { shared: shared.handle().clone(), here: Arc::default() };
+        let placement = Placement { shared: shared.handle().clone(), busy: Arc::default() };
         let dropped = Arc::new(AtomicBool::new(false));
         let call = {
             let dropped = Dropped(dropped.clone());
