@@ -516,7 +516,7 @@ impl ServerHandler for Server {
                 };
                 placement.run_elsewhere(call).await.unwrap_or_else(|| ToolResult::error(id, STOPPED_AT_EXIT))
             }
-            // Here, counted as running here until it ends.
+            // Here, the session's thread taken until the call ends.
             _running => self.call(tool_use, tool, arrival, &context.ct, progress, log).await,
         };
         drop(live);
