@@ -180,6 +180,33 @@ async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
     }
 }
 
+/// A thread of its own, named `name`, whose current-thread runtime `run`
+/// drives: the calls run there send their replies before their sandboxes
+/// are torn down, and find its stack mapped. Gives the runtime's handle,
+/// and what `run` returns once the thread ends.
+fn call_thread<T: Send + 'static>(
+    name: String,
+    run: impl FnOnce(tokio::runtime::Runtime) -> T + Send + 'static,
+) -> Result<(tokio::runtime::Handle, tokio::sync::oneshot::Receiver<T>)> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .with_context(|| format!("failed to start the runtime of {name}"))?;
+    let handle = runtime.handle().clone();
+    let (done, ended) = tokio::sync::oneshot::channel();
+    std::thread::Builder::new()
+        .name(name)
+        .spawn(move || {
+            // A call's reply goes out before its sandbox is torn down.
+            keel_host::defer_teardown_on_this_thread();
+            // Its calls run on this thread's stack, not on a worker's.
+            keel_host::prefault_thread_stack();
+            let _ = done.send(run(runtime));
+        })
+        .context("failed to start a thread for calls")?;
+    Ok((handle, ended))
+}
+
 /// Where the server takes its requests.
 enum Transport {
     /// One session on stdin and stdout, on a thread of its own.

@@ -166,18 +166,8 @@ pub async fn serve(
     for core in 0..cores {
         let (deal, connections) = tokio::sync::mpsc::unbounded_channel();
         let connection = connection.clone();
-        let (done, end) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new().name(format!("keel-http-{core}")).spawn(move || {
-            // A call's reply goes out before its sandbox is torn down.
-            keel_host::defer_teardown_on_this_thread();
-            // Its calls run on this thread's stack, not on a worker's.
-            keel_host::prefault_thread_stack();
-            let served = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(anyhow::Error::from)
-                .map(|runtime| runtime.block_on(connection.serve_dealt(connections)));
-            let _ = done.send(served);
+        let (_, end) = super::call_thread(format!("keel-http-{core}"), move |runtime| {
+            runtime.block_on(connection.serve_dealt(connections))
         })?;
         dealt.push(deal);
         ended.push(end);
@@ -198,7 +188,7 @@ pub async fn serve(
     // connections answer their requests.
     drop((listener, dealt));
     for end in ended {
-        end.await.context("a runtime serving connections panicked")??;
+        end.await.context("a runtime serving connections panicked")?;
     }
     Ok(())
 }

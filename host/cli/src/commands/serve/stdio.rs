@@ -95,19 +95,9 @@ impl Session {
     /// Start the session's thread and its runtime; it waits for the server
     /// ([`Session::serve`]), and ends if it is dropped instead.
     pub fn start() -> Result<Self> {
-        let runtime = tokio::runtime::Builder::new_current_thread()
-            .enable_all()
-            .build()
-            .context("failed to start the stdio session's runtime")?;
-        let handle = runtime.handle().clone();
         let shared = Handle::current();
         let (server, given) = tokio::sync::oneshot::channel::<Server>();
-        let (done, ended) = tokio::sync::oneshot::channel();
-        std::thread::Builder::new().name("keel-stdio".into()).spawn(move || {
-            // A call's reply goes out before its sandbox is torn down.
-            keel_host::defer_teardown_on_this_thread();
-            // Its calls run on this thread's stack, not on a worker's.
-            keel_host::prefault_thread_stack();
+        let (handle, ended) = super::call_thread("keel-stdio".into(), move |runtime| {
             let served = runtime.block_on(async move {
                 match given.await {
                     Ok(server) => session(server, shared).await,
@@ -117,7 +107,7 @@ impl Session {
             // A blocking read of stdin (not a pipe) cannot be cancelled: it
             // is not waited for.
             runtime.shutdown_background();
-            let _ = done.send(served);
+            served
         })?;
         Ok(Session { runtime: handle, server, ended })
     }
