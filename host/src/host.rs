@@ -629,7 +629,8 @@ impl Host {
 
     /// Get every tool ready for its first call ([`Tool::warm_up`]): for a
     /// plugin, load its code if it was left unloaded at start and run one
-    /// sandbox of it, one plugin after another; then run one call through
+    /// sandbox of it, one plugin after another, and once all are loaded one
+    /// more sandbox of each, in a second pass; then run one call through
     /// the path every call takes, keeping nothing of it: a call of keel's
     /// own tool, `keel-warm-up`, which imports nothing and is in no pool
     /// offered to a model, on the engine of the host's plugins (its own, or
@@ -648,10 +649,16 @@ impl Host {
         let own = self.runtime.clone().map(|runtime| (runtime, self.workspace.clone(), self.limits));
         async move {
             prefault_thread_stack();
-            for entry in pool.entries() {
-                entry.tool.warm_up().await;
-                // The calls that arrive meanwhile go first.
-                tokio::task::yield_now().await;
+            // The first pass loads code, which streams megabytes through
+            // the caches; the second touches only what each tool's first
+            // call will, so that every tool's, not only the last few's, is
+            // still in the shared cache when that call comes.
+            for _pass in 0..2 {
+                for entry in pool.entries() {
+                    entry.tool.warm_up().await;
+                    // The calls that arrive meanwhile go first.
+                    tokio::task::yield_now().await;
+                }
             }
             // Loaded, as it is called, out of every subscriber's sight.
             let own = match own {

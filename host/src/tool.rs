@@ -295,8 +295,9 @@ pub trait Tool: Send + Sync + 'static {
 
     /// Get ready for a first call: do now what the first call would
     /// otherwise do first, such as loading code left unloaded at start.
-    /// Never required; a failure is the first call's to report. Default:
-    /// nothing.
+    /// Called again once every tool of the pool has been, to touch what a
+    /// first call touches after the others' loads have cooled it. Never
+    /// required; a failure is the first call's to report. Default: nothing.
     async fn warm_up(&self) {}
 }
 

@@ -447,3 +447,39 @@ fn a_warm_up_without_an_engine_calls_no_tool_and_keeps_nothing_of_it() {
     block_on(host.run_batch(&[call]));
     assert_eq!(begun.load(Ordering::Relaxed), 1, "a call of the tool of that name calls it");
 }
+
+/// A native tool that logs each of its warm-ups in `log`.
+struct Warmed {
+    spec: ToolSpec,
+    log: Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl Tool for Warmed {
+    fn spec(&self) -> &ToolSpec {
+        &self.spec
+    }
+
+    async fn invoke(&self, input: Value, context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {
+        crate::Fake(self.spec.clone()).invoke(input, context).await
+    }
+
+    async fn warm_up(&self) {
+        self.log.lock().unwrap().push(self.spec.name.clone());
+    }
+}
+
+#[test]
+fn a_warm_up_warms_every_tool_again_once_all_are_warm() {
+    let workspace = tempfile::tempdir().unwrap();
+    let log = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let warmed = |name: &str| {
+        let spec = ToolSpec::native(name, "Logs its warm-ups.", json!({ "type": "object" }));
+        Arc::new(Warmed { spec, log: log.clone() })
+    };
+    let host = keel_host::Host::builder().workspace(workspace.path()).cache_dir(None);
+    let host = block_on(host.tool(warmed("a")).tool(warmed("b")).build()).unwrap();
+    block_on(host.warm_up());
+    let log = log.lock().unwrap().clone();
+    assert_eq!(log, ["a", "b", "a", "b"], "each tool once, then each again");
+}
