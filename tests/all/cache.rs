@@ -170,3 +170,23 @@ fn concurrent_first_calls_of_a_plugin_whose_code_is_not_loaded_all_run() {
         );
     }
 }
+
+#[test]
+fn a_warm_up_on_the_thread_of_the_calls_loads_deferred_code_beside_them() {
+    let settled = Settled::new("keel_tool_write_file");
+    settled.start(Limits::default());
+    let host = settled.start(Limits::default());
+    assert!(answers_from_cache(&host), "the code is left unloaded until a call or the warm-up");
+    // One thread runs both, as a stdio session's does: the warm-up's load
+    // goes to a blocking thread, and a call that arrives meanwhile waits for
+    // that load or makes it, whichever begins first.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let call = |id: &str| ToolUse::new(id, "write_file", json!({ "file_path": id, "content": "x" }));
+    let (first, warm_up) = ([call("a")], host.warm_up());
+    // The warm-up is polled first, so its load has begun when the call comes.
+    let ((), results) = runtime.block_on(async { tokio::join!(warm_up, host.run_batch(&first)) });
+    assert!(!results.results[0].is_error, "{:?}", results.results);
+    let after = runtime.block_on(host.run_batch(&[call("b")]));
+    assert!(!after.results[0].is_error, "{:?}", after.results);
+    assert_eq!(std::fs::read_to_string(settled.workspace.path().join("b")).unwrap(), "x");
+}

@@ -703,8 +703,16 @@ impl Tool for PluginTool {
     /// and a pool slot for its instances are warm when the first call comes.
     /// The answers are not needed: they were read at load.
     async fn warm_up(&self) {
-        if self.shared.pre().await.is_err() {
-            return;
+        if self.shared.code.get().is_none() {
+            // On a blocking thread: loading reads and links megabytes of
+            // code, which would hold the thread that runs calls, and a call
+            // that arrives meanwhile would wait for it. A call of this
+            // plugin waits for this load rather than making its own.
+            let (shared, runtime) = (self.shared.clone(), tokio::runtime::Handle::current());
+            let load = move || runtime.block_on(async { shared.pre().await.is_ok() });
+            if !matches!(tokio::task::spawn_blocking(load).await, Ok(true)) {
+                return;
+            }
         }
         let mut meter = Meter::unmetered();
         let mut questions = Questions::new(&self.shared, Grant::Nothing, &mut meter);
