@@ -707,7 +707,8 @@ impl Tool for PluginTool {
             // On a blocking thread: loading reads and links megabytes of
             // code, which would hold the thread that runs calls, and a call
             // that arrives meanwhile would wait for it. A call of this
-            // plugin waits for this load rather than making its own.
+            // plugin that comes meanwhile waits for this load, or makes it
+            // when it comes first.
             let (shared, runtime) = (self.shared.clone(), tokio::runtime::Handle::current());
             let load = move || runtime.block_on(async { shared.pre().await.is_ok() });
             if !matches!(tokio::task::spawn_blocking(load).await, Ok(true)) {
