@@ -7,7 +7,9 @@ use std::time::Duration;
 use keel_host::{Host, Limits, ToolResult, ToolUse};
 use serde_json::{Value, json};
 
-use crate::{block_on, guest};
+use tracing_subscriber::fmt::format::FmtSpan;
+
+use crate::{block_on, guest, logged};
 
 /// The compiled components in `cache` (beside them, its index).
 fn compiled(cache: &Path) -> Vec<PathBuf> {
@@ -175,18 +177,32 @@ fn concurrent_first_calls_of_a_plugin_whose_code_is_not_loaded_all_run() {
 fn a_warm_up_on_the_thread_of_the_calls_loads_deferred_code_beside_them() {
     let settled = Settled::new("keel_tool_write_file");
     settled.start(Limits::default());
-    let host = settled.start(Limits::default());
+    // The plugin alone, so that the warm-up's first step is its load.
+    let builder = Host::builder()
+        .workspace(settled.workspace.path())
+        .plugins(&settled.plugin)
+        .cache_dir(Some(settled.cache.path().to_path_buf()))
+        .builtins(false);
+    let host = block_on(builder.build()).unwrap();
     assert!(answers_from_cache(&host), "the code is left unloaded until a call or the warm-up");
-    // One thread runs both, as a stdio session's does: the warm-up's load
-    // goes to a blocking thread, and a call that arrives meanwhile waits for
-    // that load or makes it, whichever begins first.
-    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    // One thread runs both, as a stdio session's does. The warm-up is polled
+    // first: its load goes to a blocking thread, so the call is taken at
+    // once, before the warm-up's sandbox is set up (a load made in place
+    // would be, and that sandbox too, before the thread is let go); the call
+    // then waits for that load or makes it, whichever begins first.
     let call = |id: &str| ToolUse::new(id, "write_file", json!({ "file_path": id, "content": "x" }));
-    let (first, warm_up) = ([call("a")], host.warm_up());
-    // The warm-up is polled first, so its load has begun when the call comes.
-    let ((), results) = runtime.block_on(async { tokio::join!(warm_up, host.run_batch(&first)) });
+    let first = [call("a")];
+    let arrives = async {
+        tracing::info!("the call arrives");
+        host.run_batch(&first).await
+    };
+    let warm_up = host.warm_up();
+    let (((), results), traced) = logged(async { tokio::join!(warm_up, arrives) }, FmtSpan::NEW);
     assert!(!results.results[0].is_error, "{:?}", results.results);
-    let after = runtime.block_on(host.run_batch(&[call("b")]));
+    let arrived = traced.find("the call arrives").unwrap();
+    let set_up = traced.find("setup").unwrap_or_else(|| panic!("no sandbox was set up: {traced}"));
+    assert!(arrived < set_up, "the call waited for the warm-up's load: {traced}");
+    let after = block_on(host.run_batch(&[call("b")]));
     assert!(!after.results[0].is_error, "{:?}", after.results);
     assert_eq!(std::fs::read_to_string(settled.workspace.path().join("b")).unwrap(), "x");
 }
