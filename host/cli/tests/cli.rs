@@ -182,10 +182,17 @@ fn bench_compares_keel_with_another_stdio_mcp_server() {
             "mcp_stdio_burst_200",
             "mcp_stdio_burst_200_answered",
             "mcp_stdio_burst_200_answered",
-            "mcp_stdio_first_call"
+            "mcp_stdio_first_call",
+            "mcp_stdio_start_to_first_reply"
         ]
     );
     assert!(figures[0]["name"].as_str().unwrap().contains(&format!("{server}: echo")), "{}", figures[0]);
+    // The whole start holds the handshake and the first call: more than the
+    // first call alone, for either server.
+    let (first, start) = (&figures[5], &figures[6]);
+    for side in ["keel", "baseline"] {
+        assert!(start[side].as_f64().unwrap() > first[side].as_f64().unwrap(), "{first} {start}");
+    }
     // As this test's own process, which never turned them off.
     let own = std::fs::read_to_string("/proc/self/status").unwrap();
     let own = own.lines().find(|line| line.starts_with("THP_enabled:")).unwrap();

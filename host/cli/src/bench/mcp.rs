@@ -204,8 +204,11 @@ where
 /// `keel bench --mcp-server`: keel beside the stdio MCP server `command`
 /// (run by `sh -c`), on the same client and the same columns: the round
 /// trip p50 and server CPU per call (keel's `echo` against `tool` called
-/// with `arguments`), 200 calls at once, and the first call after the
-/// handshake.
+/// with `arguments`), 200 calls at once, the first call after the
+/// handshake, and the whole start: from spawning the server to the first
+/// call's reply. A server may answer the handshake at once and load its
+/// tools after it, or load them first: only the whole start compares the
+/// two alike.
 pub fn compare(
     options: &BenchOptions,
     command: &str,
@@ -222,10 +225,12 @@ pub fn compare(
     rt.block_on(async {
         let mut serve = tokio::process::Command::new(&options.keel);
         serve.arg("serve").arg("--plugins").arg(&options.tools).arg("--workspace").arg(workspace.path());
+        let spawned = Instant::now();
         let keel = Server::spawn(serve, workspace.path(), &options.keel).await?;
         let started = Instant::now();
         keel.call().await?;
         let keel_first = started.elapsed().as_secs_f64() * 1e3;
+        let keel_start = spawned.elapsed().as_secs_f64() * 1e3;
         let mut theirs = tokio::process::Command::new(shell);
         theirs.arg("-c").arg(format!("exec {command}"));
         // The server runs with the machine's transparent huge pages, as it
@@ -236,6 +241,7 @@ pub fn compare(
         unsafe {
             theirs.pre_exec(|| Ok(rustix::thread::disable_transparent_huge_pages(false)?));
         }
+        let spawned = Instant::now();
         let other = Server::spawn(theirs, workspace.path(), shell).await.map_err(|_| {
             Error::Engine(format!("`{command}` did not start as an MCP server on stdio (run by `sh -c`)"))
         })?;
@@ -247,6 +253,7 @@ pub fn compare(
             ))
         })?;
         let other_first = started.elapsed().as_secs_f64() * 1e3;
+        let other_start = spawned.elapsed().as_secs_f64() * 1e3;
         let name = format!("(keel serve echo / {command}: {tool})");
         let [latency, cpu] =
             round_trip(options, (&keel, || keel.call()), (&other, || other.call_tool(tool, arguments)))
@@ -273,6 +280,7 @@ pub fn compare(
             calls,
         ));
         report(Figure::new(&format!("mcp_stdio_first_call {name}"), keel_first, other_first, "ms"));
+        report(Figure::new(&format!("mcp_stdio_start_to_first_reply {name}"), keel_start, other_start, "ms"));
         keel.close().await;
         other.close().await;
         Ok(())
