@@ -3,7 +3,7 @@
 //! 1,000 at once; the baseline is the same client driving the smallest rmcp
 //! stdio server with a native echo tool ([`serve_native_echo`]), spawned
 //! from the same binary. Both report the round trip's median and the
-//! server's CPU time per call, read from `/proc/<pid>/stat`.
+//! server's CPU time per call, read from its CPU-time clock.
 //!
 //! [`compare`] puts any stdio MCP server in the native server's place.
 
@@ -175,29 +175,20 @@ where
     K: Future<Output = Result<()>>,
     O: Future<Output = Result<()>>,
 {
-    let ticks_per_second = clock_ticks_per_second()? as f64;
     let (warm_up, rounds, per_round) =
         (options.scale(200, 50), options.scale(5, 1), options.scale(1_000, 400));
-    // CPU time is read in clock ticks, 10 ms on most systems: more rounds,
-    // up to ten times the planned ones, until each server's CPU time spans
-    // enough ticks that a tick more or less matters little.
-    let (min_ticks, max_rounds) = (options.scale(20, 2) as u64, 10 * rounds);
     for _ in 0..warm_up {
         keel_call().await?;
         other_call().await?;
     }
     let (mut keel_sample, mut other_sample) = (Sample::default(), Sample::default());
-    for round in 0..max_rounds {
-        let enough = keel_sample.cpu_ticks.min(other_sample.cpu_ticks) >= min_ticks;
-        if round >= rounds && enough {
-            break;
-        }
+    for _ in 0..rounds {
         other.measure(per_round, &mut other_sample, &other_call).await?;
         keel.measure(per_round, &mut keel_sample, &keel_call).await?;
     }
     Ok([
         [median(keel_sample.latencies.clone()), median(other_sample.latencies.clone())],
-        [keel_sample.cpu_per_call(ticks_per_second), other_sample.cpu_per_call(ticks_per_second)],
+        [keel_sample.cpu_per_call(), other_sample.cpu_per_call()],
     ])
 }
 
@@ -292,13 +283,14 @@ pub fn compare(
 struct Sample {
     /// Each round trip, in µs.
     latencies: Vec<f64>,
-    /// The server's user and system CPU time over the measured calls.
-    cpu_ticks: u64,
+    /// The server's CPU time over the measured calls, in nanoseconds.
+    cpu_nanos: u64,
 }
 
 impl Sample {
-    fn cpu_per_call(&self, ticks_per_second: f64) -> f64 {
-        self.cpu_ticks as f64 / ticks_per_second * 1e6 / self.latencies.len() as f64
+    /// In µs.
+    fn cpu_per_call(&self) -> f64 {
+        self.cpu_nanos as f64 / 1e3 / self.latencies.len() as f64
     }
 }
 
@@ -389,13 +381,13 @@ impl Server {
         sample: &mut Sample,
         call: impl Fn() -> F,
     ) -> Result<()> {
-        let before = tree_cpu_ticks(self.pid)?;
+        let before = tree_cpu_nanos(self.pid)?;
         for _ in 0..calls {
             let started = Instant::now();
             call().await?;
             sample.latencies.push(started.elapsed().as_secs_f64() * 1e6);
         }
-        sample.cpu_ticks += tree_cpu_ticks(self.pid)?.saturating_sub(before);
+        sample.cpu_nanos += tree_cpu_nanos(self.pid)?.saturating_sub(before);
         Ok(())
     }
 
@@ -434,9 +426,9 @@ fn failed(what: &Path, error: impl std::fmt::Display) -> Error {
     Error::io("run", what, std::io::Error::other(format!("MCP: {error}")))
 }
 
-/// [`cpu_ticks`] of process `pid` and of every process under it: a server
+/// [`cpu_nanos`] of process `pid` and of every process under it: a server
 /// started through a launcher (`npx`, `uv run`) does its work in a child.
-fn tree_cpu_ticks(pid: u32) -> Result<u64> {
+fn tree_cpu_nanos(pid: u32) -> Result<u64> {
     let mut parents = Vec::new();
     if let Ok(entries) = std::fs::read_dir("/proc") {
         for entry in entries.flatten() {
@@ -460,39 +452,60 @@ fn tree_cpu_ticks(pid: u32) -> Result<u64> {
         at += 1;
     }
     // A process that ended meanwhile has no more CPU time to count.
-    Ok(tree.iter().skip(1).filter_map(|&pid| cpu_ticks(pid).ok()).sum::<u64>() + cpu_ticks(pid)?)
+    Ok(tree.iter().skip(1).filter_map(|&pid| cpu_nanos(pid).ok()).sum::<u64>() + cpu_nanos(pid)?)
 }
 
-/// User plus system CPU time of process `pid`, all its threads, in clock
-/// ticks: fields 14 and 15 of `/proc/<pid>/stat`.
-fn cpu_ticks(pid: u32) -> Result<u64> {
-    let path = format!("/proc/{pid}/stat");
-    let stat = std::fs::read_to_string(&path).map_err(|error| Error::io("read", &path, error))?;
-    // The command name (field 2) is in parentheses and may hold spaces;
-    // the fields after it start with field 3.
-    let after_name = stat.rfind(')').map_or("", |end| &stat[end + 1..]);
-    let field =
-        |n: usize| after_name.split_whitespace().nth(n - 3).and_then(|value| value.parse::<u64>().ok());
-    match (field(14), field(15)) {
-        (Some(user), Some(system)) => Ok(user + system),
-        _ => Err(Error::io("parse", &path, std::io::Error::other("no utime and stime fields"))),
+/// The CPU time of process `pid`, all its threads, in nanoseconds: its
+/// CPU-time clock (`clock_getcpuclockid`). `/proc/<pid>/stat` counts the
+/// same time in clock ticks of 10 ms, a tenth of a second's calls to a
+/// server each: too coarse to tell two servers apart over a few thousand.
+fn cpu_nanos(pid: u32) -> Result<u64> {
+    let process = format!("/proc/{pid}");
+    let fail = |error| Error::io("read the CPU clock of", &process, error);
+    let pid = libc::pid_t::try_from(pid).map_err(|_| fail(std::io::Error::other("not a process id")))?;
+    let mut clock: libc::clockid_t = 0;
+    // SAFETY: `clock` is a valid place for the clock's id; the call writes
+    // nothing else.
+    let status = unsafe { libc::clock_getcpuclockid(pid, &mut clock) };
+    if status != 0 {
+        return Err(fail(std::io::Error::from_raw_os_error(status)));
     }
+    let mut time = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: `time` is a valid place for the time; the call writes nothing
+    // else.
+    if unsafe { libc::clock_gettime(clock, &mut time) } != 0 {
+        return Err(fail(std::io::Error::last_os_error()));
+    }
+    Ok(u64::try_from(time.tv_sec).unwrap_or(0) * 1_000_000_000 + u64::try_from(time.tv_nsec).unwrap_or(0))
 }
 
-/// Clock ticks per second, `sysconf(_SC_CLK_TCK)`: the `AT_CLKTCK` entry
-/// the kernel passes every process in its auxiliary vector, where the C
-/// library's `sysconf` reads it too.
-fn clock_ticks_per_second() -> Result<u64> {
-    const AT_NULL: usize = 0;
-    const AT_CLKTCK: usize = 17;
-    const WORD: usize = size_of::<usize>();
-    let path = "/proc/self/auxv";
-    let auxv = std::fs::read(path).map_err(|error| Error::io("read", path, error))?;
-    let word = |bytes: &[u8]| usize::from_ne_bytes(bytes.try_into().expect("a word"));
-    auxv.chunks_exact(2 * WORD)
-        .map(|entry| (word(&entry[..WORD]), word(&entry[WORD..])))
-        .take_while(|&(key, _)| key != AT_NULL)
-        .find(|&(key, value)| key == AT_CLKTCK && value > 0)
-        .map(|(_, value)| value as u64)
-        .ok_or_else(|| Error::io("parse", path, std::io::Error::other("no AT_CLKTCK entry")))
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, Instant};
+
+    /// A server's CPU time is read finer than a clock tick (10 ms), which
+    /// `/proc/<pid>/stat` counts in: of the steps a busy process's time
+    /// makes between reads, the smallest is far below one.
+    #[test]
+    fn a_process_cpu_time_is_read_finer_than_a_clock_tick() {
+        let mut busy = std::process::Command::new("sh").args(["-c", "while :; do :; done"]).spawn().unwrap();
+        let pid = busy.id();
+        let (mut steps, mut last) = (Vec::new(), super::cpu_nanos(pid).unwrap());
+        let until = Instant::now() + Duration::from_secs(5);
+        while steps.len() < 100 && Instant::now() < until {
+            let now = super::cpu_nanos(pid).unwrap();
+            if now > last {
+                steps.push(now - last);
+            }
+            last = now;
+        }
+        busy.kill().unwrap();
+        busy.wait().unwrap();
+        let smallest = steps.iter().min().expect("a busy process's CPU time grows");
+        assert!(*smallest < 1_000_000, "the smallest step of {} was {smallest} ns", steps.len());
+
+        // A process that is gone has no clock to read, and says which.
+        let gone = super::cpu_nanos(pid).unwrap_err().to_string();
+        assert!(gone.contains(&format!("/proc/{pid}")), "{gone}");
+    }
 }
