@@ -457,8 +457,8 @@ fn tree_cpu_nanos(pid: u32) -> Result<u64> {
 
 /// The CPU time of process `pid`, all its threads, in nanoseconds: its
 /// CPU-time clock (`clock_getcpuclockid`). `/proc/<pid>/stat` counts the
-/// same time in clock ticks of 10 ms, a tenth of a second's calls to a
-/// server each: too coarse to tell two servers apart over a few thousand.
+/// same time in clock ticks of 10 ms, each the CPU time of some 200 to 400
+/// `echo` calls: too coarse to tell two servers apart over a few thousand.
 fn cpu_nanos(pid: u32) -> Result<u64> {
     let process = format!("/proc/{pid}");
     let fail = |error| Error::io("read the CPU clock of", &process, error);
