@@ -372,8 +372,10 @@ impl Budget {
             return result;
         }
         let content = std::mem::take(&mut result.content);
+        // Boxed, as every write of a result below: inline, the future of a
+        // file write would swell that of every call, persisted or not.
         (result.content, result.is_error) =
-            self.persist_content(&result.tool_use_id, content, result.is_error).await;
+            Box::pin(self.persist_content(&result.tool_use_id, content, result.is_error)).await;
         result.structured = None;
         result
     }
@@ -388,7 +390,8 @@ impl Budget {
             number += 1;
             if let Some(why) = refused(image) {
                 refused_any = true;
-                let (note, failed) = self.persist_image(&result.tool_use_id, number, image, &why).await;
+                let (note, failed) =
+                    Box::pin(self.persist_image(&result.tool_use_id, number, image, &why)).await;
                 result.is_error |= failed;
                 *block = ContentBlock::Text(note);
             }
@@ -508,7 +511,7 @@ impl Budget {
             let result = &mut results[index];
             let content = std::mem::take(&mut result.content);
             (result.content, result.is_error) =
-                self.persist_content(&result.tool_use_id, content, result.is_error).await;
+                Box::pin(self.persist_content(&result.tool_use_id, content, result.is_error)).await;
             result.structured = None;
             let size = content_chars(&result.content);
             total = total - sizes[index] + size;

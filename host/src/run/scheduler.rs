@@ -241,7 +241,9 @@ async fn run_alone(
         let ids = std::slice::from_ref(&tool_use.id);
         Event::BatchPlan { batches: partition(&safe).iter().map(|group| group.planned(ids)).collect() }
     });
-    let mut ran = run_call(pool, call, shared.clone(), &options.budget, events, interrupt).await;
+    // Boxed, as in `run_one`: a future awaited inline is moved whole into
+    // the future awaiting it, and that one into the next, at each start.
+    let mut ran = Box::pin(run_call(pool, call, shared.clone(), &options.budget, events, interrupt)).await;
     emit_with(events, || Event::tool_result(&ran.result));
     // The call's own copy is gone by now: the context is taken back whole.
     let mut context = Arc::unwrap_or_clone(shared);
@@ -807,7 +809,10 @@ async fn run_one(
     } else {
         CallContext::shared(context)
     };
-    Ok(call.run(pool, cx, interrupt).await)
+    // Boxed: a call's steps make a future of about 2 KB, which, awaited
+    // inline, every future above it would hold and move again (README,
+    // Performance: levers kept).
+    Ok(Box::pin(call.run(pool, cx, interrupt)).await)
 }
 
 /// The context of a call `id` whose reports `events` reads: each one goes
