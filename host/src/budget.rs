@@ -372,8 +372,8 @@ impl Budget {
             return result;
         }
         let content = std::mem::take(&mut result.content);
-        // Boxed, as every write of a result below: inline, the future of a
-        // file write would swell that of every call, persisted or not.
+        // Boxed, as in `refuse_images` and `per_message`: inline, the future
+        // of a file write would swell that of every call, persisted or not.
         (result.content, result.is_error) =
             Box::pin(self.persist_content(&result.tool_use_id, content, result.is_error)).await;
         result.structured = None;
