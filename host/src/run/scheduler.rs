@@ -41,7 +41,7 @@ const MIN_PLANNING_WINDOW: usize = 16;
 /// chunk's worth of calls has started. A task per call took the lock twice
 /// for every call and was spawned for every call, and on 2 workers the
 /// batch's state then crossed between the cores at each turn (1,000 safe
-/// calls on 2 workers ran 7% faster in chunks of 8: README, Performance).
+/// calls on 2 workers ran 8% faster in chunks of 8: README, Performance).
 /// The batch's first calls are each planned by a task of their own, so that
 /// they start soonest, on every core.
 const PLANNING_CHUNK: usize = 8;
