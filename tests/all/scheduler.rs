@@ -2,7 +2,7 @@
 //! modifiers, progress as it happens, and interrupts.
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use keel_host::config::Config;
@@ -469,4 +469,53 @@ fn an_arrival_holds_one_call() {
         again,
         ToolResult::error("again", "the host ran this call from an arrival that had already run one")
     );
+}
+
+/// A batch's tasks run calls back to back, and a call that finishes in its
+/// first poll never yields: without a hand-over, a long batch of quick
+/// calls would hold its thread until it ended, and every other task there
+/// would wait. A task polled again at once each time it runs must not wait
+/// for half the batch.
+#[test]
+fn a_long_batch_of_quick_calls_shares_its_thread() {
+    let workspace = tempfile::tempdir().unwrap();
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let host = runtime.block_on(host_of(workspace.path(), &["keel_tool_echo"]).build()).unwrap();
+    let uses: Vec<ToolUse> =
+        (0..2_000).map(|i| ToolUse::new(format!("c{i}"), "echo", json!({ "text": "hi" }))).collect();
+    let longest_wait = Arc::new(std::sync::Mutex::new(Duration::ZERO));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (waited, stopped) = (longest_wait.clone(), stop.clone());
+    let took = runtime.block_on(async {
+        // Asks to be polled again every time it runs, behind whatever else
+        // is ready, and notes the longest it waited.
+        let neighbour = tokio::spawn(async move {
+            let mut last = Instant::now();
+            while !stopped.load(std::sync::atomic::Ordering::Relaxed) {
+                let mut polled = false;
+                std::future::poll_fn(|cx| {
+                    if std::mem::replace(&mut polled, true) {
+                        return std::task::Poll::Ready(());
+                    }
+                    cx.waker().wake_by_ref();
+                    std::task::Poll::Pending
+                })
+                .await;
+                let mut longest = waited.lock().unwrap();
+                *longest = (*longest).max(last.elapsed());
+                last = Instant::now();
+            }
+        });
+        tokio::task::yield_now().await;
+        *longest_wait.lock().unwrap() = Duration::ZERO;
+        let started = Instant::now();
+        let outcome = host.run_batch(&uses).await;
+        let took = started.elapsed();
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        neighbour.await.unwrap();
+        assert!(outcome.results.iter().all(|result| !result.is_error), "every echo answers");
+        took
+    });
+    let longest = *longest_wait.lock().unwrap();
+    assert!(longest < took / 2, "a task beside the batch waited {longest:?} of its {took:?}");
 }

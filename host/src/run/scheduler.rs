@@ -53,6 +53,10 @@ const PLANNING_CHUNK: usize = 8;
 /// plans a call in a microsecond or two.
 const SLOW_PLAN: Duration = Duration::from_micros(10);
 
+/// How long a task goes on with one call after another before it hands the
+/// next to a task of its own and ends: see [`Batch::work`].
+const HAND_OVER_AFTER: Duration = Duration::from_millis(1);
+
 /// Calls planned ahead of the first not yet started, under `cap`: see
 /// [`MIN_PLANNING_WINDOW`].
 pub(crate) fn planning_window(cap: usize) -> usize {
@@ -484,9 +488,25 @@ impl Batch {
     /// With nothing to run, the task plans the next call itself if that
     /// call's planning task has not begun: a task spawned on a busy worker
     /// may wait there long after another worker ran out of calls.
+    ///
+    /// A call that finishes in its first poll never returns `Pending`, so a
+    /// task going on from call to call would hold its thread until the
+    /// batch ended, and every other task there (on a current-thread
+    /// runtime, all of them) would wait. Once the task has gone on for
+    /// [`HAND_OVER_AFTER`], it hands its next call to a new task, which
+    /// waits behind whatever else is ready, and ends; the call is not
+    /// delayed otherwise. `yield_now` would not do: it defers the task until
+    /// the runtime next polls its I/O driver, every 61 tasks, while the call
+    /// it holds keeps a place of the cap.
     async fn work(self: &Arc<Self>, mut starts: Vec<Start>, mut plans: std::ops::Range<usize>) {
+        let began = Instant::now();
         loop {
             let mine = if starts.is_empty() { None } else { Some(starts.swap_remove(0)) };
+            if mine.is_some() && began.elapsed() >= HAND_OVER_AFTER {
+                starts.extend(mine);
+                self.spawn(starts, plans);
+                return;
+            }
             self.spawn(starts, plans);
             let Some(Start { index, call, context, replan }) = mine else {
                 let Some((index, context)) = self.lock().claim_next() else { return };
