@@ -264,9 +264,55 @@ impl<E: Exports> Guest for E {
 
     fn call(input: String, context: String) -> Result<CallOutput, String> {
         let (input, context) = take_parsed::<E::Tool>(&input, &context)?;
+        claims_hold::<E::Tool>(&input, &context)?;
         let output = E::Tool::call(input, &context).map_err(|error| error.0)?;
         Ok(call_output(output))
     }
+}
+
+/// Hold the claims a tool makes once, at load, to its own answers for this
+/// call. The host never asks a question a claim answers: a tool that
+/// overrides one and answers otherwise than it claimed would be run on an
+/// answer it never gave (a call it says must run alone run beside others,
+/// a refusal of its `validate_input` never heard). Such a call fails here,
+/// before the tool runs, naming the claim and the answer; a tool whose
+/// answers are the defaults passes at no cost.
+fn claims_hold<T: Tool>(input: &T::Input, cx: &Context) -> Result<(), String> {
+    if !T::HOLD_CLAIMS {
+        return Ok(());
+    }
+    let name = T::NAME;
+    if let Some(plan) = T::FIXED_PLAN {
+        let safe = T::is_concurrency_safe(input, cx);
+        let read_only = T::is_read_only(input, cx);
+        if (safe, read_only) != (plan.concurrency_safe, plan.read_only) {
+            return Err(format!(
+                "tool `{name}` claims FIXED_PLAN (concurrency-safe {}, read-only {}), but for this input \
+                 is_concurrency_safe answers {safe} and is_read_only {read_only}: the call was not run",
+                plan.concurrency_safe, plan.read_only
+            ));
+        }
+    }
+    if !T::CHECKS_INPUT {
+        if let Err(error) = T::validate_input(input, cx) {
+            return Err(format!(
+                "tool `{name}` claims CHECKS_INPUT = false, but its validate_input refused this input \
+                 ({}): the call was not run",
+                error.0
+            ));
+        }
+        let answer = match T::check_permissions(input, cx) {
+            Permission::Allow => return Ok(()),
+            Permission::AllowWithInput(_) => "allow with another input".to_owned(),
+            Permission::Deny(message) => format!("deny ({message})"),
+            Permission::Ask(message) => format!("ask ({message})"),
+        };
+        return Err(format!(
+            "tool `{name}` claims CHECKS_INPUT = false, but its check_permissions answered {answer}: \
+             the call was not run"
+        ));
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -434,6 +480,73 @@ mod tests {
         assert_eq!(output.structured, None);
         assert_eq!(output.context_modifier.as_deref(), Some(r#"{"seen":"k.txt"}"#));
         assert!(CONTEXT.with_borrow(Option::is_none), "the call takes the cached context");
+    }
+
+    /// A tool whose claims its own answers contradict for some inputs: a
+    /// plan fixed safe and read-only, yet a path under `src` is neither, and
+    /// no input to check, yet `secret` is refused and `ask` asks.
+    struct Contradicted;
+
+    impl Tool for Contradicted {
+        type Input = Input;
+        const NAME: &str = "contradicted";
+        const DESCRIPTION: &str = "Test tool.";
+        const FIXED_PLAN: Option<crate::Plan> = Some(crate::Plan::SAFE_READ_ONLY);
+        const CHECKS_INPUT: bool = false;
+
+        fn is_concurrency_safe(input: &Input, _cx: &Context) -> bool {
+            !input.path.starts_with("src")
+        }
+
+        fn is_read_only(input: &Input, _cx: &Context) -> bool {
+            !input.path.starts_with("src")
+        }
+
+        fn validate_input(input: &Input, _cx: &Context) -> Result<()> {
+            if input.path == "secret" {
+                crate::bail!("no secrets");
+            }
+            Ok(())
+        }
+
+        fn check_permissions(input: &Input, _cx: &Context) -> Permission {
+            if input.path == "ask" { Permission::Ask("sure?".into()) } else { Permission::Allow }
+        }
+
+        fn call(input: Input, _cx: &Context) -> Result<Output> {
+            Ok(Output::text(input.path))
+        }
+    }
+
+    struct ExportContradicted;
+    impl Exports for ExportContradicted {
+        type Tool = Contradicted;
+    }
+
+    #[test]
+    fn a_call_its_own_answers_contradict_the_tools_claims_for_is_not_run() {
+        let plan = ExportContradicted::call(input("src/a.rs"), SECRETS.into()).unwrap_err();
+        assert_eq!(
+            plan,
+            "tool `contradicted` claims FIXED_PLAN (concurrency-safe true, read-only true), but for this \
+             input is_concurrency_safe answers false and is_read_only false: the call was not run"
+        );
+        let refused = ExportContradicted::call(input("secret"), SECRETS.into()).unwrap_err();
+        assert_eq!(
+            refused,
+            "tool `contradicted` claims CHECKS_INPUT = false, but its validate_input refused this input \
+             (no secrets): the call was not run"
+        );
+        let asked = ExportContradicted::call(input("ask"), SECRETS.into()).unwrap_err();
+        assert_eq!(
+            asked,
+            "tool `contradicted` claims CHECKS_INPUT = false, but its check_permissions answered ask \
+             (sure?): the call was not run"
+        );
+        let output = ExportContradicted::call(input("docs/a.md"), SECRETS.into()).unwrap();
+        assert!(matches!(output.content.as_slice(), [ContentBlock::Text(text)] if text == "docs/a.md"));
+        // A tool whose claims its answers keep runs as before.
+        assert!(ExportFixed::call(input("src/a.rs"), SECRETS.into()).is_ok());
     }
 
     #[test]

@@ -546,15 +546,25 @@ pub trait Tool {
     /// the context: the host reads it once, at load, and then never asks
     /// [`Tool::is_concurrency_safe`] or [`Tool::is_read_only`], whose defaults
     /// give its answer. A call then costs one export less. The read-only
-    /// claim is enforced as it is when asked. Default: none, asked of each
-    /// call.
+    /// claim is enforced as it is when asked. A tool that overrides either
+    /// question must answer as the plan says: a call for which it answers
+    /// otherwise fails, naming both, and is not run. Default: none, asked of
+    /// each call.
     const FIXED_PLAN: Option<Plan> = None;
     /// Whether [`Tool::validate_input`] or [`Tool::check_permissions`] may
     /// refuse an input, rewrite it or ask the user. When false the host never
     /// asks them: every input that passes the schema is valid and allowed by
     /// the tool (the host's permission rules still apply), and a call costs
-    /// one export less. Default: true.
+    /// one export less. A tool that overrides either and yet refuses, asks
+    /// or rewrites fails that call, naming the claim, and the call is not
+    /// run. Default: true.
     const CHECKS_INPUT: bool = true;
+    /// Whether the SDK holds the tool to [`Tool::FIXED_PLAN`] and
+    /// [`Tool::CHECKS_INPUT`] in each call, asking the questions they answer
+    /// once more there. Only a test guest that traps when the host asks one
+    /// of them turns it off. Default: true.
+    #[doc(hidden)]
+    const HOLD_CLAIMS: bool = true;
 
     /// JSON Schema of structured output, if the tool has one: usually
     /// `Some(keel_guest::schema_for::<MyOutput>())`. The host checks every

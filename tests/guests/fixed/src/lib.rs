@@ -40,6 +40,8 @@ impl Tool for Fixed {
     const DESCRIPTION: &str = "Test guest: answers `ok: <message>`, its plan and checks fixed at load.";
     const FIXED_PLAN: Option<Plan> = Some(Plan::SAFE_READ_ONLY);
     const CHECKS_INPUT: bool = false;
+    // Its questions trap when asked: the SDK must not ask them in the call.
+    const HOLD_CLAIMS: bool = false;
 
     fn is_concurrency_safe(_input: &Input, _cx: &Context) -> bool {
         asked("is_concurrency_safe")
