@@ -494,10 +494,10 @@ impl Batch {
     /// batch ended, and every other task there (on a current-thread
     /// runtime, all of them) would wait. Once the task has gone on for
     /// [`HAND_OVER_AFTER`], it hands its next call to a new task, which
-    /// waits behind whatever else is ready, and ends; the call is not
-    /// delayed otherwise. `yield_now` would not do: it defers the task until
-    /// the runtime next polls its I/O driver, every 61 tasks, while the call
-    /// it holds keeps a place of the cap.
+    /// waits only behind the tasks ready before it, and ends. `yield_now`
+    /// would not do: it defers the task until the runtime next polls its
+    /// I/O driver, every 61 tasks, while the call it holds keeps a place of
+    /// the cap.
     async fn work(self: &Arc<Self>, mut starts: Vec<Start>, mut plans: std::ops::Range<usize>) {
         let began = Instant::now();
         loop {
