@@ -482,7 +482,7 @@ fn a_long_batch_of_quick_calls_shares_its_thread() {
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let host = runtime.block_on(host_of(workspace.path(), &["keel_tool_echo"]).build()).unwrap();
     let uses: Vec<ToolUse> =
-        (0..2_000).map(|i| ToolUse::new(format!("c{i}"), "echo", json!({ "text": "hi" }))).collect();
+        (0..4_000).map(|i| ToolUse::new(format!("c{i}"), "echo", json!({ "text": "hi" }))).collect();
     let longest_wait = Arc::new(std::sync::Mutex::new(Duration::ZERO));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (waited, stopped) = (longest_wait.clone(), stop.clone());
