@@ -97,6 +97,11 @@ pub fn logged<F: std::future::Future>(
     future: F,
     spans: tracing_subscriber::fmt::format::FmtSpan,
 ) -> (F::Output, String) {
+    // While one subscriber alone is registered, tracing settles a call
+    // site's interest by the subscriber of the thread that reaches it
+    // first: a test on a thread with none would make it skip this one's.
+    // The global capture is registered beside it, so it never is alone.
+    capture_globally();
     let log = keel_tests::Log::default();
     let writer = log.clone();
     let subscriber = tracing_subscriber::fmt()
@@ -108,6 +113,49 @@ pub fn logged<F: std::future::Future>(
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
     let output = tracing::subscriber::with_default(subscriber, || runtime.block_on(future));
     (output, log.text())
+}
+
+/// Log lines at `INFO` and above written while `f` runs on this thread,
+/// by the global subscriber of [`capture_globally`].
+pub fn logs_of<T>(f: impl FnOnce() -> T) -> (T, String) {
+    capture_globally();
+    CAPTURED.with(|captured| captured.borrow_mut().clear());
+    let value = f();
+    let text = CAPTURED.with(|captured| String::from_utf8(captured.borrow().clone()).unwrap());
+    (value, text)
+}
+
+thread_local! {
+    /// What the global subscriber wrote on this thread.
+    static CAPTURED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Install, once, the global subscriber of these tests: every thread's lines
+/// at `INFO` and above go to that thread's own buffer. A scoped
+/// (`with_default`) subscriber alone would not do: tracing caches each call
+/// site's interest across threads, and a test on another thread with no
+/// subscriber could make it skip ours.
+fn capture_globally() {
+    struct ThisThread;
+    impl std::io::Write for ThisThread {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            CAPTURED.with(|captured| captured.borrow_mut().extend_from_slice(bytes));
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    static INSTALL: std::sync::Once = std::sync::Once::new();
+    INSTALL.call_once(|| {
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(|| ThisThread)
+            .with_ansi(false)
+            .without_time()
+            .with_max_level(tracing::Level::INFO)
+            .finish();
+        tracing::subscriber::set_global_default(subscriber).expect("no other global subscriber in the tests");
+    });
 }
 
 /// A multi-threaded runtime, as the CLI uses.
@@ -150,4 +198,21 @@ impl Invocation for FakeCall {
     async fn call(self: Box<Self>, _cx: CallContext) -> Result<CallOutput, CallError> {
         Ok(CallOutput::text(format!("ran {}", self.name)))
     }
+}
+
+#[test]
+fn logged_sees_a_call_site_another_thread_reached_first() {
+    fn site() {
+        tracing::info!("a call site of this test alone");
+    }
+    let ((), text) = logged(
+        async {
+            // Reached first on a thread with no subscriber, while this
+            // thread's is live: it must still be logged here.
+            std::thread::spawn(site).join().unwrap();
+            site();
+        },
+        tracing_subscriber::fmt::format::FmtSpan::NONE,
+    );
+    assert!(text.contains("a call site of this test alone"), "{text}");
 }

@@ -2,7 +2,6 @@
 //! exact error text, the host's rules from `keel.toml` on top of the tool's
 //! own check, and the prompter an embedding agent supplies.
 
-use std::io::Write;
 use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
@@ -11,7 +10,7 @@ use keel_host::permissions::{Approval, ApprovalRequest, Prompter};
 use keel_host::{Event, Host, HostBuilder, ToolResult, ToolSpec, ToolUse};
 use serde_json::{Value, json};
 
-use crate::{Fake, block_on, events_of, guest, shared_cache};
+use crate::{Fake, block_on, events_of, guest, logs_of, shared_cache};
 
 /// A host over a fresh workspace with `probe` and `write_file`, configured
 /// by `keel_toml`.
@@ -71,42 +70,6 @@ fn every_step_fails_with_its_own_message_in_order() {
             ToolResult::ok("ok", "count 2; checks: validate-input, check-permissions"),
         ]
     );
-}
-
-/// Log lines written while `f` runs on this thread.
-///
-/// One global subscriber writes every thread's lines into that thread's own
-/// buffer. A scoped (`with_default`) subscriber would be simpler, but
-/// tracing caches each call site's interest across threads, and a test on
-/// another thread with no subscriber can make it skip ours.
-fn logs_of<T>(f: impl FnOnce() -> T) -> (T, String) {
-    thread_local! {
-        static CAPTURED: std::cell::RefCell<Vec<u8>> = const { std::cell::RefCell::new(Vec::new()) };
-    }
-    struct ThisThread;
-    impl Write for ThisThread {
-        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-            CAPTURED.with(|captured| captured.borrow_mut().extend_from_slice(bytes));
-            Ok(bytes.len())
-        }
-        fn flush(&mut self) -> std::io::Result<()> {
-            Ok(())
-        }
-    }
-    static INSTALL: std::sync::Once = std::sync::Once::new();
-    INSTALL.call_once(|| {
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(|| ThisThread)
-            .with_ansi(false)
-            .without_time()
-            .with_max_level(tracing::Level::INFO)
-            .finish();
-        tracing::subscriber::set_global_default(subscriber).expect("no other global subscriber in the tests");
-    });
-    CAPTURED.with(|captured| captured.borrow_mut().clear());
-    let value = f();
-    let text = CAPTURED.with(|captured| String::from_utf8(captured.borrow().clone()).unwrap());
-    (value, text)
 }
 
 #[test]
