@@ -315,6 +315,111 @@ fn requests_and_connections_past_their_caps_are_refused_naming_the_limit() {
 }
 
 #[test]
+fn a_calls_requests_to_one_origin_share_a_connection_and_calls_do_not() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], ""));
+    let requests = json!([
+        get(&server.url("/hello")),
+        { "method": "POST", "url": server.url("/echo"), "body": "second" },
+        get(&server.url("/bytes?n=10000")),
+        get(&server.url("/status?code=404")),
+        get(&server.url("/hello")),
+    ]);
+    let (entries, _, _) = call(&host, json!({ "requests": requests }));
+    let statuses: Vec<Option<u64>> = entries.iter().map(status).collect();
+    assert_eq!(statuses, [Some(200), Some(200), Some(200), Some(404), Some(200)]);
+    assert!(entries[1]["body"].as_str().unwrap().contains("second"), "{}", entries[1]);
+    assert_eq!(server.requests().len(), 5);
+    assert_eq!(server.connections(), 1, "each request after the first went over the first's connection");
+
+    // The next call opens its own: nothing of one call's network outlives it.
+    let (entries, _, _) = call(&host, json!({ "requests": [get(&server.url("/hello"))] }));
+    assert_eq!(status(&entries[0]), Some(200), "{}", entries[0]);
+    assert_eq!(server.connections(), 2);
+
+    // Requests sent at once each get a connection: none waits behind another.
+    let (entries, _, _) =
+        call(&host, json!({ "concurrent": true, "requests": vec![get(&server.url("/hello")); 3] }));
+    let statuses: Vec<Option<u64>> = entries.iter().map(status).collect();
+    assert_eq!(statuses, [Some(200); 3]);
+    assert_eq!(server.connections(), 5);
+}
+
+#[test]
+fn idle_connections_give_their_places_to_new_ones_under_the_connection_cap() {
+    let workspace = tempfile::tempdir().unwrap();
+    let servers = [TestServer::start(), TestServer::start(), TestServer::start()];
+    let origins: Vec<String> = servers.iter().map(origin).collect();
+    let host = host(workspace.path(), &grant(&origins, "[limits]\nnetwork_connections = 2\n"));
+    // Three origins one after another, then the second again: at most two
+    // connections are open at once, so the third closes the first's, and
+    // the second's is still there to go over.
+    let requests: Vec<Value> =
+        servers.iter().chain([&servers[1]]).map(|server| get(&server.url("/hello"))).collect();
+    let (entries, _, _) = call(&host, json!({ "requests": requests }));
+    let statuses: Vec<Option<u64>> = entries.iter().map(status).collect();
+    assert_eq!(statuses, [Some(200); 4]);
+    let connections: Vec<usize> = servers.iter().map(TestServer::connections).collect();
+    assert_eq!(connections, [1, 1, 1]);
+}
+
+/// A server on loopback that answers every request on a connection with
+/// `body`, writing its head and its body apart with Nagle's algorithm on,
+/// as some servers do: the body waits until the client acknowledges the
+/// head. Its address, and how many connections it took.
+fn two_write_server(body: &'static str) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+    use std::io::{Read, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let count = accepted.clone();
+    std::thread::spawn(move || {
+        for mut stream in listener.incoming().map_while(Result::ok) {
+            count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            std::thread::spawn(move || {
+                let mut request = Vec::new();
+                let mut buffer = [0; 4096];
+                while let Ok(read @ 1..) = stream.read(&mut buffer) {
+                    request.extend_from_slice(&buffer[..read]);
+                    // A GET ends with its head; answer each as it arrives.
+                    while let Some(end) = request.windows(4).position(|window| window == b"\r\n\r\n") {
+                        request.drain(..end + 4);
+                        let head = format!("HTTP/1.1 200 OK\r\ncontent-length: {}\r\n\r\n", body.len());
+                        if stream
+                            .write_all(head.as_bytes())
+                            .and_then(|()| stream.write_all(body.as_bytes()))
+                            .is_err()
+                        {
+                            return;
+                        }
+                    }
+                }
+            });
+        }
+    });
+    (addr, accepted)
+}
+
+#[test]
+fn a_kept_open_connection_does_not_wait_on_delayed_acknowledgements() {
+    let workspace = tempfile::tempdir().unwrap();
+    let (addr, connections) = two_write_server("a body in a write of its own");
+    let url = format!("http://{addr}/");
+    let host = host(workspace.path(), &grant(&[format!("http://{addr}")], ""));
+    let started = std::time::Instant::now();
+    let (entries, _, _) = call(&host, json!({ "requests": vec![get(&url); 20] }));
+    let took = started.elapsed();
+    let statuses: Vec<Option<u64>> = entries.iter().map(status).collect();
+    assert_eq!(statuses, [Some(200); 20]);
+    assert_eq!(entries[19]["body"], "a body in a write of its own");
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 1);
+    // Each request after the first would wait 40 ms for the kernel's
+    // delayed acknowledgement of the head: 760 ms in all.
+    assert!(took < std::time::Duration::from_millis(400), "20 requests took {took:?}");
+}
+
+#[test]
 fn a_call_that_is_not_open_world_gets_no_network_nor_do_questions() {
     let workspace = tempfile::tempdir().unwrap();
     let server = TestServer::start();
@@ -471,4 +576,7 @@ fn https_is_verified_and_speaks_http2_when_the_server_offers_it() {
     let seen = server.requests();
     assert_eq!(seen.len(), 2);
     assert!(seen.iter().all(|request| request.version == "HTTP/2.0"), "{seen:?}");
+    // The first call's handshake failed; the second call's two requests
+    // went over one connection.
+    assert_eq!(server.connections(), 2);
 }

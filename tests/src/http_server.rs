@@ -49,6 +49,7 @@ use std::future::Future;
 use std::io;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::pin::Pin;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll};
 use std::thread::JoinHandle;
@@ -124,6 +125,7 @@ pub struct TestServer {
     addr: SocketAddr,
     scheme: &'static str,
     recorded: Arc<Mutex<Vec<Recorded>>>,
+    accepted: Arc<AtomicUsize>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
 }
@@ -164,18 +166,19 @@ impl TestServer {
         let addr = listener.local_addr()?;
         let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
         let recorded = Arc::new(Mutex::new(Vec::new()));
+        let accepted = Arc::new(AtomicUsize::new(0));
         let (stop, stopped) = oneshot::channel();
-        let record = Arc::clone(&recorded);
+        let (record, count) = (Arc::clone(&recorded), Arc::clone(&accepted));
         let thread = std::thread::Builder::new().name(format!("test-http-server-{}", addr.port())).spawn(
             move || {
-                runtime.block_on(serve(listener, record, stopped, tls));
+                runtime.block_on(serve(listener, record, count, stopped, tls));
                 // Dropping the runtime drops every connection task, closing
                 // the connections `/never` and `/stall-body` hold.
                 drop(runtime);
             },
         )?;
         let scheme = if scheme_is_tls { "https" } else { "http" };
-        Ok(TestServer { addr, scheme, recorded, stop: Some(stop), thread: Some(thread) })
+        Ok(TestServer { addr, scheme, recorded, accepted, stop: Some(stop), thread: Some(thread) })
     }
 
     /// The port the server listens on.
@@ -201,6 +204,11 @@ impl TestServer {
     /// received whole.
     pub fn requests(&self) -> Vec<Recorded> {
         self.recorded.lock().unwrap_or_else(PoisonError::into_inner).clone()
+    }
+
+    /// How many connections the server accepted so far.
+    pub fn connections(&self) -> usize {
+        self.accepted.load(Ordering::SeqCst)
     }
 }
 
@@ -288,6 +296,7 @@ fn tls_acceptor() -> tokio_rustls::TlsAcceptor {
 async fn serve(
     listener: std::net::TcpListener,
     recorded: Arc<Mutex<Vec<Recorded>>>,
+    count: Arc<AtomicUsize>,
     mut stopped: oneshot::Receiver<()>,
     tls: Option<tokio_rustls::TlsAcceptor>,
 ) {
@@ -299,6 +308,7 @@ async fn serve(
                 // A failed accept (the client gave up, or no descriptors are
                 // left) loses that one connection only.
                 let Ok((stream, _)) = accepted else { continue };
+                count.fetch_add(1, Ordering::SeqCst);
                 let recorded = Arc::clone(&recorded);
                 let tls = tls.clone();
                 tokio::spawn(async move {

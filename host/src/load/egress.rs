@@ -9,10 +9,12 @@
 //! URL; and the call's request and connection caps. It then resolves the
 //! name itself, keeps only the addresses the grant allows (see `network`),
 //! connects to one of those and nothing else, speaks TLS with the bundled
-//! Mozilla roots, and HTTP/1.1 or HTTP/2 as ALPN decides. The secrets of the
-//! request's origin are added as it leaves; their values are masked in
-//! everything that comes back. Bodies both ways count against the call's
-//! byte caps, and every wait is cut to the call's deadline.
+//! Mozilla roots, and HTTP/1.1 or HTTP/2 as ALPN decides. A connection stays
+//! open for the call's later requests to the same origin (see
+//! [`Connection`]). The secrets of the request's origin are added as it
+//! leaves; their values are masked in everything that comes back. Bodies
+//! both ways count against the call's byte caps, and every wait is cut to
+//! the call's deadline.
 //!
 //! A refusal reaches the guest as `error-code.internal-error` with the
 //! reason, and is reported to the call's refusal sink and the host's log.
@@ -20,7 +22,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
@@ -58,7 +60,140 @@ struct Usage {
     requests: AtomicUsize,
     sent: AtomicUsize,
     received: AtomicUsize,
+    /// One permit per connection open, of `network_connections`.
     connections: Arc<Semaphore>,
+    /// The call's connections, open until the call ends.
+    open: Mutex<Vec<Connection>>,
+}
+
+impl Usage {
+    fn open(&self) -> std::sync::MutexGuard<'_, Vec<Connection>> {
+        // Every change to the list is made whole under the lock.
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A connection to `target` the call has open that may take a request
+    /// now: an idle HTTP/1.1 one, taken out until the request is sent, or
+    /// an HTTP/2 one, which carries many at once.
+    fn reuse(&self, target: &Target) -> Option<Reuse> {
+        let mut open = self.open();
+        open.retain(|connection| !connection.sender.is_closed());
+        let index =
+            open.iter().position(|connection| connection.target == *target && connection.is_idle())?;
+        Some(match &open[index].sender {
+            Sender::Http2(sender) => Reuse::Shared(sender.clone(), open[index].busy.clone()),
+            Sender::Http1(_) => Reuse::Taken(open.remove(index)),
+        })
+    }
+
+    /// A place for one more connection under `network_connections`: when
+    /// every place is taken, the call's idle connection that was opened
+    /// first is closed to make one.
+    fn connection_permit(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.connections.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        let mut open = self.open();
+        let idle = open.iter().position(Connection::is_unused)?;
+        // Its place is given back as it is dropped.
+        drop(open.remove(idle));
+        drop(open);
+        self.connections.clone().try_acquire_owned().ok()
+    }
+}
+
+/// A connection a request may go over, of those the call has open.
+enum Reuse {
+    /// An HTTP/1.1 connection, out of the list until the request is sent.
+    Taken(Connection),
+    /// An HTTP/2 connection's sender, and what holds the connection busy.
+    Shared(hyper::client::conn::http2::SendRequest<Counted<WasiBody>>, Arc<()>),
+}
+
+/// The response to a request sent over a [`Connection`].
+type ResponseFuture = Pin<Box<dyn Future<Output = hyper::Result<Response<hyper::body::Incoming>>> + Send>>;
+
+/// One connection a call opened, to `target`, kept open between its
+/// requests as a browser keeps one: a request to the same origin while the
+/// connection is idle goes over it, where a new one would cost a handshake
+/// (TCP, and TLS for `https`). Its address was judged when it was made. A
+/// task of its own moves its bytes; dropping the connection, as the call
+/// ends, ends that task and gives its place under `network_connections`
+/// back.
+struct Connection {
+    target: Target,
+    sender: Sender,
+    /// Held by each response whose body is still being read.
+    busy: Arc<()>,
+    _permit: OwnedSemaphorePermit,
+    driver: tokio::task::AbortHandle,
+}
+
+impl Connection {
+    /// Whether a request may go over it now: HTTP/2 carries many at once;
+    /// an HTTP/1.1 connection, once no response of it is still to come or
+    /// being read.
+    fn is_idle(&self) -> bool {
+        matches!(self.sender, Sender::Http2(_)) || Arc::strong_count(&self.busy) == 1
+    }
+
+    /// Whether nothing goes over it now, so that closing it loses nothing.
+    fn is_unused(&self) -> bool {
+        Arc::strong_count(&self.busy) == 1
+    }
+
+    fn send(&mut self, request: Request<Counted<WasiBody>>) -> (ResponseFuture, Arc<()>) {
+        (self.sender.send(request), self.busy.clone())
+    }
+}
+
+impl Drop for Connection {
+    fn drop(&mut self) {
+        self.driver.abort();
+    }
+}
+
+/// How a [`Connection`]'s requests are sent.
+enum Sender {
+    Http1(hyper::client::conn::http1::SendRequest<Counted<WasiBody>>),
+    Http2(hyper::client::conn::http2::SendRequest<Counted<WasiBody>>),
+}
+
+impl Sender {
+    /// Wait until the connection takes another request: an HTTP/1.1 one
+    /// once it has read the last response whole.
+    async fn ready(&mut self) -> hyper::Result<()> {
+        match self {
+            Sender::Http1(sender) => sender.ready().await,
+            Sender::Http2(sender) => sender.ready().await,
+        }
+    }
+
+    fn is_closed(&self) -> bool {
+        match self {
+            Sender::Http1(sender) => sender.is_closed(),
+            Sender::Http2(sender) => sender.is_closed(),
+        }
+    }
+
+    /// Send `request`, in the form its protocol wants.
+    fn send(&mut self, mut request: Request<Counted<WasiBody>>) -> ResponseFuture {
+        match self {
+            Sender::Http1(sender) => {
+                // The request line carries the path; the authority went in Host.
+                *request.uri_mut() = request.uri().path_and_query().map_or_else(
+                    || http::Uri::from_static("/"),
+                    |path| path.as_str().parse().expect("a valid path"),
+                );
+                Box::pin(sender.send_request(request))
+            }
+            Sender::Http2(sender) => {
+                // HTTP/2 carries the authority as `:authority`, from the URI.
+                request.headers_mut().remove(header::HOST);
+                Box::pin(sender.send_request(request))
+            }
+        }
+    }
 }
 
 /// One sandbox's network: closed unless [`Egress::open`] opened it.
@@ -105,6 +240,7 @@ impl Egress {
                 sent: AtomicUsize::new(0),
                 received: AtomicUsize::new(0),
                 connections: Arc::new(Semaphore::new(self.limits.network_connections)),
+                open: Mutex::new(Vec::new()),
             })
         })
     }
@@ -131,9 +267,9 @@ impl Egress {
         Scrubber::new(&self.grant)
     }
 
-    /// Check `request` and take its share of the limits; on refusal, the
-    /// reason.
-    fn admit(&self, request: &Request<WasiBody>) -> Result<(Target, OwnedSemaphorePermit), String> {
+    /// Check `request` and count it against the request cap; on refusal,
+    /// the reason.
+    fn admit(&self, request: &Request<WasiBody>) -> Result<Target, String> {
         if let Some(reason) = self.closed {
             return Err(reason.to_owned());
         }
@@ -143,14 +279,39 @@ impl Egress {
         if used >= self.limits.network_requests {
             return Err(limit_hit(&self.limits, LimitKind::NetworkRequests));
         }
-        let permit = self
-            .usage()
-            .connections
-            .clone()
-            .try_acquire_owned()
-            .map_err(|_| limit_hit(&self.limits, LimitKind::NetworkConnections))?;
-        Ok((target, permit))
+        Ok(target)
     }
+
+    /// Send `request` over a connection to `target` the call has idle, or
+    /// take a place for a new one; on refusal, the reason. Decided here,
+    /// as the guest sends, so that requests take places in the order sent.
+    fn route(&self, target: &Target) -> Result<Route, String> {
+        match self.usage().reuse(target) {
+            Some(reuse) => Ok(Route::Reuse(reuse)),
+            None => match self.usage().connection_permit() {
+                Some(permit) => Ok(Route::New(permit)),
+                None => Err(limit_hit(&self.limits, LimitKind::NetworkConnections)),
+            },
+        }
+    }
+}
+
+impl Drop for Egress {
+    /// The sandbox is gone: so are its connections, even one whose task
+    /// still holds a request body (which would keep the call's usage, and so
+    /// the connection, alive).
+    fn drop(&mut self) {
+        if let Some(usage) = self.usage.get() {
+            usage.open().clear();
+        }
+    }
+}
+
+/// How an admitted request goes: over a connection the call has open, or
+/// over a new one, which has its place under `network_connections`.
+enum Route {
+    Reuse(Reuse),
+    New(OwnedSemaphorePermit),
 }
 
 /// The guest-visible error of a request refused for `reason`.
@@ -217,12 +378,13 @@ impl WasiHttpHooks for Egress {
     ) -> SendFuture {
         let url = request.uri().to_string();
         let method = request.method().clone();
-        let (target, permit) = match self.admit(&request) {
-            Ok(admitted) => admitted,
-            Err(reason) => {
-                report(&self.plugin, self.refused.as_ref(), &method, &url, &reason);
-                return Box::new(async move { Err(refusal_error(reason)) });
-            }
+        let refuse = |reason: String| -> SendFuture {
+            report(&self.plugin, self.refused.as_ref(), &method, &url, &reason);
+            Box::new(async move { Err(refusal_error(reason)) })
+        };
+        let target = match self.admit(&request) {
+            Ok(target) => target,
+            Err(reason) => return refuse(reason),
         };
         let headers = request.headers_mut();
         let mut secrets = false;
@@ -234,6 +396,16 @@ impl WasiHttpHooks for Egress {
             // A compressed echo would slip past the masks.
             headers.insert(header::ACCEPT_ENCODING, HeaderValue::from_static("identity"));
         }
+        let request = request.map(|body| Counted {
+            inner: body,
+            usage: self.usage().clone(),
+            cap: self.limits.network_sent,
+            direction: Direction::Sent,
+        });
+        let route = match self.route(&target) {
+            Ok(route) => route,
+            Err(reason) => return refuse(reason),
+        };
         let trip = Trip {
             grant: self.grant.clone(),
             limits: self.limits,
@@ -246,7 +418,7 @@ impl WasiHttpHooks for Egress {
             url,
             target,
         };
-        Box::new(trip.send(request, permit))
+        Box::new(trip.send(request, route))
     }
 }
 
@@ -262,6 +434,78 @@ struct Trip {
     method: Method,
     url: String,
     target: Target,
+}
+
+/// A TCP stream that, once it has written after reading (a request over a
+/// connection that has answered before, or a TLS handshake's reply), asks
+/// the kernel to acknowledge what arrives next at once. A connection that
+/// goes back and forth falls into Linux's delayed-acknowledgement mode,
+/// and a server that writes a response in two pieces with Nagle's
+/// algorithm on holds the second until the first is acknowledged: 40 ms a
+/// request. Asked before the write, the kernel would fall back into that
+/// mode as the write goes out.
+struct QuickAck {
+    inner: TcpStream,
+    /// Whether anything was read since the last write.
+    replied: bool,
+}
+
+impl tokio::io::AsyncRead for QuickAck {
+    fn poll_read(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> Poll<std::io::Result<()>> {
+        let filled = buf.filled().len();
+        let read = ready!(Pin::new(&mut self.inner).poll_read(cx, buf));
+        if buf.filled().len() > filled {
+            self.replied = true;
+        }
+        Poll::Ready(read)
+    }
+}
+
+impl tokio::io::AsyncWrite for QuickAck {
+    fn poll_write(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[u8],
+    ) -> Poll<std::io::Result<usize>> {
+        let written = ready!(Pin::new(&mut self.inner).poll_write(cx, data));
+        self.quick_ack();
+        Poll::Ready(written)
+    }
+
+    fn poll_write_vectored(
+        mut self: Pin<&mut Self>,
+        cx: &mut Context<'_>,
+        data: &[std::io::IoSlice<'_>],
+    ) -> Poll<std::io::Result<usize>> {
+        let written = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, data));
+        self.quick_ack();
+        Poll::Ready(written)
+    }
+
+    fn is_write_vectored(&self) -> bool {
+        self.inner.is_write_vectored()
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
+        Pin::new(&mut self.inner).poll_shutdown(cx)
+    }
+}
+
+impl QuickAck {
+    fn quick_ack(&mut self) {
+        if std::mem::take(&mut self.replied) {
+            #[cfg(target_os = "linux")]
+            let _ = socket2::SockRef::from(&self.inner).set_tcp_quickack(true);
+        }
+    }
 }
 
 /// A stream the request may go over: TCP, or TLS over it.
@@ -282,45 +526,15 @@ impl Trip {
 
     async fn send(
         self,
-        mut request: Request<WasiBody>,
-        permit: OwnedSemaphorePermit,
+        request: Request<Counted<WasiBody>>,
+        route: Route,
     ) -> Result<(Response<WasiBody>, IoFuture), HttpError> {
-        let connect_limit = self.wait(self.limits.network_connect);
-        let connected = tokio::time::timeout(connect_limit, self.connect()).await;
-        let (stream, h2) = match connected {
-            Ok(connected) => connected?,
-            Err(_) => return Err(self.timeout(LimitKind::NetworkConnect, connect_limit)),
-        };
-        let sent = Counted {
-            inner: std::mem::replace(request.body_mut(), empty_body()),
-            usage: self.usage.clone(),
-            cap: self.limits.network_sent,
-            direction: Direction::Sent,
-        };
-        let request = request.map(|_| sent);
         let response_limit = self.wait(self.limits.network_response);
-        let (response, io) = if h2 {
-            let (mut sender, connection) =
-                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-                    .await
-                    .map_err(HttpError::from)?;
-            let mut request = request;
-            // HTTP/2 carries the authority as `:authority`, from the URI.
-            request.headers_mut().remove(header::HOST);
-            let send = tokio::time::timeout(response_limit, sender.send_request(request));
-            exchange(send, connection, permit).await
-        } else {
-            let (mut sender, connection) =
-                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(HttpError::from)?;
-            let mut request = request;
-            // The request line carries the path; the authority went in Host.
-            *request.uri_mut() = request.uri().path_and_query().map_or_else(
-                || http::Uri::from_static("/"),
-                |path| path.as_str().parse().expect("a valid path"),
-            );
-            let send = tokio::time::timeout(response_limit, sender.send_request(request));
-            exchange(send, connection, permit).await
+        let (response, busy) = match route {
+            Route::Reuse(reuse) => self.reuse(request, reuse, response_limit).await?,
+            Route::New(permit) => self.open(request, permit).await?,
         };
+        let response = tokio::time::timeout(response_limit, response).await;
         let response = self.answered(response, response_limit)?;
         let (mut parts, body) = response.into_parts();
         if self.scrubber.is_active() {
@@ -343,8 +557,98 @@ impl Trip {
             timer: None,
             scrub: self.scrubber.stream(),
             ended: false,
+            busy: Some(busy),
         };
+        // The connection's own task moves the body: nothing more to drive.
+        let io: IoFuture = Box::new(async { Ok(()) });
         Ok((Response::from_parts(parts, received.boxed_unsync()), io))
+    }
+
+    /// Send `request` over a connection the call has open, once it takes
+    /// it (waiting at most `limit`); should it have closed, over a new one.
+    async fn reuse(
+        &self,
+        request: Request<Counted<WasiBody>>,
+        reuse: Reuse,
+        limit: Duration,
+    ) -> Result<(ResponseFuture, Arc<()>), HttpError> {
+        match reuse {
+            Reuse::Shared(sender, busy) => {
+                let mut sender = Sender::Http2(sender);
+                if !self.ready_within(&mut sender, limit).await? {
+                    return self.open_again(request).await;
+                }
+                Ok((sender.send(request), busy))
+            }
+            Reuse::Taken(mut connection) => {
+                if !self.ready_within(&mut connection.sender, limit).await? {
+                    drop(connection);
+                    return self.open_again(request).await;
+                }
+                let sent = connection.send(request);
+                self.usage.open().push(connection);
+                Ok(sent)
+            }
+        }
+    }
+
+    /// Wait at most `limit` for `sender`'s connection to take a request:
+    /// `false` when it closed instead (a server may close an idle
+    /// connection whenever it likes).
+    async fn ready_within(&self, sender: &mut Sender, limit: Duration) -> Result<bool, HttpError> {
+        match tokio::time::timeout(limit, sender.ready()).await {
+            Ok(ready) => Ok(ready.is_ok()),
+            Err(_) => Err(self.timeout(LimitKind::NetworkResponse, limit)),
+        }
+    }
+
+    /// Send `request` over a new connection in place of one that closed
+    /// before it could go.
+    async fn open_again(
+        &self,
+        request: Request<Counted<WasiBody>>,
+    ) -> Result<(ResponseFuture, Arc<()>), HttpError> {
+        match self.usage.connection_permit() {
+            Some(permit) => self.open(request, permit).await,
+            None => Err(self.refuse(limit_hit(&self.limits, LimitKind::NetworkConnections))),
+        }
+    }
+
+    /// Connect to the target, in the place `permit` holds, send `request`
+    /// over the new connection and keep the connection for the call's later
+    /// requests: the response to come, and what holds the connection busy.
+    async fn open(
+        &self,
+        request: Request<Counted<WasiBody>>,
+        permit: OwnedSemaphorePermit,
+    ) -> Result<(ResponseFuture, Arc<()>), HttpError> {
+        let connect_limit = self.wait(self.limits.network_connect);
+        let connected = tokio::time::timeout(connect_limit, self.connect()).await;
+        let (stream, h2) = match connected {
+            Ok(connected) => connected?,
+            Err(_) => return Err(self.timeout(LimitKind::NetworkConnect, connect_limit)),
+        };
+        let (sender, driver) = if h2 {
+            let (sender, connection) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+                    .await
+                    .map_err(HttpError::from)?;
+            (Sender::Http2(sender), tokio::spawn(drive(connection)))
+        } else {
+            let (sender, connection) =
+                hyper::client::conn::http1::handshake(TokioIo::new(stream)).await.map_err(HttpError::from)?;
+            (Sender::Http1(sender), tokio::spawn(drive(connection)))
+        };
+        let mut connection = Connection {
+            target: self.target.clone(),
+            sender,
+            busy: Arc::new(()),
+            _permit: permit,
+            driver: driver.abort_handle(),
+        };
+        let sent = connection.send(request);
+        self.usage.open().push(connection);
+        Ok(sent)
     }
 
     /// A response, or the error of one that failed or took too long.
@@ -422,6 +726,7 @@ impl Trip {
             return Err(HttpError::Connect(last_error.expect("an address was tried")));
         };
         let _ = tcp.set_nodelay(true);
+        let tcp = QuickAck { inner: tcp, replied: false };
         if self.target.scheme == Scheme::Http {
             return Ok((Box::new(tcp), false));
         }
@@ -439,43 +744,13 @@ impl Trip {
     }
 }
 
-/// The outcome of a `send` that waits for the response, while driving
-/// `connection` (which moves the bytes) as it waits; and the future that
-/// drives the connection on for the body, holding the connection's
-/// `permit` until the connection ends.
-async fn exchange<S, C>(send: S, connection: C, permit: OwnedSemaphorePermit) -> (S::Output, IoFuture)
-where
-    S: Future,
-    C: Future<Output = hyper::Result<()>> + Send + 'static,
-{
-    let mut connection = Box::pin(connection);
-    let mut send = std::pin::pin!(send);
-    let mut ended = None;
-    let response = std::future::poll_fn(|cx| {
-        if let Poll::Ready(response) = send.as_mut().poll(cx) {
-            return Poll::Ready(response);
-        }
-        if ended.is_none()
-            && let Poll::Ready(outcome) = connection.as_mut().poll(cx)
-        {
-            // A connection that ended fails the send, which says how.
-            ended = Some(outcome);
-            return send.as_mut().poll(cx);
-        }
-        Poll::Pending
-    })
-    .await;
-    let io: IoFuture = match ended {
-        Some(outcome) => Box::new(async move {
-            drop(permit);
-            outcome.map_err(HttpError::from)
-        }),
-        None => Box::new(async move {
-            let _permit = permit;
-            connection.await.map_err(HttpError::from)
-        }),
-    };
-    (response, io)
+/// Move a connection's bytes until it ends: the sender is dropped once it
+/// is idle, or it fails (the request or body in flight then fails too, and
+/// says how).
+async fn drive<C: Future<Output = hyper::Result<()>>>(connection: C) {
+    if let Err(error) = connection.await {
+        tracing::debug!("a network connection ended: {error}");
+    }
 }
 
 /// A hyper error whose source is one of keel's own body errors (a byte cap
@@ -496,10 +771,6 @@ fn body_error(error: hyper::Error) -> Result<HttpError, hyper::Error> {
 /// The time from now to [`DEADLINE_RESERVE`] before `deadline`.
 fn until_reserve(deadline: Instant) -> Duration {
     deadline.saturating_duration_since(Instant::now()).saturating_sub(DEADLINE_RESERVE)
-}
-
-fn empty_body() -> WasiBody {
-    http_body_util::Empty::new().map_err(|never| match never {}).boxed_unsync()
 }
 
 #[derive(Clone, Copy)]
@@ -559,6 +830,9 @@ struct Received<B> {
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     scrub: Option<ScrubStream>,
     ended: bool,
+    /// Holds the connection busy until the body has been read to its end
+    /// (or dropped).
+    busy: Option<Arc<()>>,
 }
 
 impl<B: Body<Data = Bytes, Error = HttpError> + Unpin> Body for Received<B> {
@@ -580,7 +854,10 @@ impl<B: Body<Data = Bytes, Error = HttpError> + Unpin> Body for Received<B> {
                 Poll::Ready(frame) => {
                     this.timer = None;
                     match frame {
-                        None => this.ended = true,
+                        None => {
+                            this.ended = true;
+                            this.busy = None;
+                        }
                         Some(Ok(frame)) => match (&mut this.scrub, frame.into_data()) {
                             (Some(scrub), Ok(data)) => {
                                 if let Some(out) = scrub.push(&data) {
@@ -742,7 +1019,7 @@ mod tests {
         if let Some(host) = host {
             builder = builder.header(header::HOST, host);
         }
-        builder.body(empty_body()).unwrap()
+        builder.body(http_body_util::Empty::new().map_err(|never| match never {}).boxed_unsync()).unwrap()
     }
 
     #[test]
