@@ -367,7 +367,8 @@ fn idle_connections_give_their_places_to_new_ones_under_the_connection_cap() {
 /// A server on loopback that answers every request on a connection with
 /// `body`, writing its head and its body apart with Nagle's algorithm on,
 /// as some servers do: the body waits until the client acknowledges the
-/// head. Its address, and how many connections it took.
+/// head. It takes four connections at most, each until the client closes
+/// it. Its address, and how many connections it took.
 fn two_write_server(body: &'static str) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
     use std::io::{Read, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -375,7 +376,7 @@ fn two_write_server(body: &'static str) -> (std::net::SocketAddr, Arc<std::sync:
     let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let count = accepted.clone();
     std::thread::spawn(move || {
-        for mut stream in listener.incoming().map_while(Result::ok) {
+        for mut stream in listener.incoming().map_while(Result::ok).take(4) {
             count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
             std::thread::spawn(move || {
                 let mut request = Vec::new();

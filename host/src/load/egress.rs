@@ -62,7 +62,8 @@ struct Usage {
     received: AtomicUsize,
     /// One permit per connection open, of `network_connections`.
     connections: Arc<Semaphore>,
-    /// The call's connections, open until the call ends.
+    /// The call's connections, open until the call ends (an HTTP/1.1 one
+    /// is out of the list while a request is put on it).
     open: Mutex<Vec<Connection>>,
 }
 
@@ -282,9 +283,10 @@ impl Egress {
         Ok(target)
     }
 
-    /// Send `request` over a connection to `target` the call has idle, or
-    /// take a place for a new one; on refusal, the reason. Decided here,
-    /// as the guest sends, so that requests take places in the order sent.
+    /// The connection a request to `target` goes over: one the call has
+    /// open that may take it, or a new one, whose place is taken now; on
+    /// refusal, the reason. Decided as the guest sends, so that requests
+    /// take places in the order they were sent.
     fn route(&self, target: &Target) -> Result<Route, String> {
         match self.usage().reuse(target) {
             Some(reuse) => Ok(Route::Reuse(reuse)),
