@@ -73,12 +73,19 @@ impl Usage {
         self.open.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    /// The list, with the connections the server has closed dropped, and
+    /// their places under `network_connections` given back.
+    fn live(&self) -> std::sync::MutexGuard<'_, Vec<Connection>> {
+        let mut open = self.open();
+        open.retain(|connection| !connection.sender.is_closed());
+        open
+    }
+
     /// A connection to `target` the call has open that may take a request
     /// now: an idle HTTP/1.1 one, taken out until the request is sent, or
     /// an HTTP/2 one, which carries many at once.
     fn reuse(&self, target: &Target) -> Option<Reuse> {
-        let mut open = self.open();
-        open.retain(|connection| !connection.sender.is_closed());
+        let mut open = self.live();
         let index =
             open.iter().position(|connection| connection.target == *target && connection.is_idle())?;
         Some(match &open[index].sender {
@@ -88,17 +95,16 @@ impl Usage {
     }
 
     /// A place for one more connection under `network_connections`: when
-    /// every place is taken, the call's idle connection that was opened
-    /// first is closed to make one.
+    /// every place is taken, by connections still open, the call's unused
+    /// connection that was opened first is closed to make one.
     fn connection_permit(&self) -> Option<OwnedSemaphorePermit> {
+        let mut open = self.live();
         if let Ok(permit) = self.connections.clone().try_acquire_owned() {
             return Some(permit);
         }
-        let mut open = self.open();
         let idle = open.iter().position(Connection::is_unused)?;
         // Its place is given back as it is dropped.
         drop(open.remove(idle));
-        drop(open);
         self.connections.clone().try_acquire_owned().ok()
     }
 }
@@ -135,7 +141,7 @@ impl Connection {
     /// an HTTP/1.1 connection, once no response of it is still to come or
     /// being read.
     fn is_idle(&self) -> bool {
-        matches!(self.sender, Sender::Http2(_)) || Arc::strong_count(&self.busy) == 1
+        matches!(self.sender, Sender::Http2(_)) || self.is_unused()
     }
 
     /// Whether nothing goes over it now, so that closing it loses nothing.
