@@ -367,18 +367,33 @@ fn idle_connections_give_their_places_to_new_ones_under_the_connection_cap() {
 /// A server on loopback that answers every request on a connection with
 /// `body`, writing its head and its body apart with Nagle's algorithm on,
 /// as some servers do: the body waits until the client acknowledges the
-/// head. It takes four connections at most, each until the client closes
-/// it. Its address, and how many connections it took.
-fn two_write_server(body: &'static str) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
+/// head, over TLS when `tls` is set. It takes `connections` connections at
+/// most, each until the client closes it (closing would send what Nagle's
+/// algorithm holds). Its address, and how many connections it took.
+fn two_write_server(
+    body: &'static str,
+    tls: bool,
+    connections: usize,
+) -> (std::net::SocketAddr, Arc<std::sync::atomic::AtomicUsize>) {
     use std::io::{Read, Write};
+    trait Stream: Read + Write {}
+    impl<S: Read + Write> Stream for S {}
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let addr = listener.local_addr().unwrap();
     let accepted = Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let count = accepted.clone();
+    let config = keel_tests::http_server::tls_config(&[b"http/1.1"]);
     std::thread::spawn(move || {
-        for mut stream in listener.incoming().map_while(Result::ok).take(4) {
+        for tcp in listener.incoming().map_while(Result::ok).take(connections) {
             count.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            let config = config.clone();
             std::thread::spawn(move || {
+                let mut stream: Box<dyn Stream> = if tls {
+                    let server = rustls::ServerConnection::new(config).unwrap();
+                    Box::new(rustls::StreamOwned::new(server, tcp))
+                } else {
+                    Box::new(tcp)
+                };
                 let mut request = Vec::new();
                 let mut buffer = [0; 4096];
                 while let Ok(read @ 1..) = stream.read(&mut buffer) {
@@ -405,7 +420,7 @@ fn two_write_server(body: &'static str) -> (std::net::SocketAddr, Arc<std::sync:
 #[test]
 fn a_kept_open_connection_does_not_wait_on_delayed_acknowledgements() {
     let workspace = tempfile::tempdir().unwrap();
-    let (addr, connections) = two_write_server("a body in a write of its own");
+    let (addr, connections) = two_write_server("a body in a write of its own", false, 4);
     let url = format!("http://{addr}/");
     let host = host(workspace.path(), &grant(&[format!("http://{addr}")], ""));
     let started = std::time::Instant::now();
@@ -418,6 +433,29 @@ fn a_kept_open_connection_does_not_wait_on_delayed_acknowledgements() {
     // Each request after the first would wait 40 ms for the kernel's
     // delayed acknowledgement of the head: 760 ms in all.
     assert!(took < std::time::Duration::from_millis(400), "20 requests took {took:?}");
+}
+
+#[test]
+fn a_new_tls_connection_does_not_wait_on_delayed_acknowledgements() {
+    let workspace = tempfile::tempdir().unwrap();
+    let (addr, connections) = two_write_server("a body in a record of its own", true, 5);
+    let url = format!("https://{addr}/");
+    let ca = Path::new(env!("CARGO_MANIFEST_DIR")).join("certs/ca.pem");
+    let roots = format!("[network]\nroots = [{:?}]\n", ca.display().to_string());
+    let host = host(workspace.path(), &(roots + &grant(&[format!("https://{addr}")], "")));
+    let started = std::time::Instant::now();
+    // Each call opens a connection of its own.
+    for _ in 0..5 {
+        let (entries, _, _) = call(&host, json!({ "requests": [get(&url), get(&url)] }));
+        let statuses: Vec<Option<u64>> = entries.iter().map(status).collect();
+        assert_eq!(statuses, [Some(200); 2], "{entries:?}");
+        assert_eq!(entries[1]["body"], "a body in a record of its own");
+    }
+    let took = started.elapsed();
+    assert_eq!(connections.load(std::sync::atomic::Ordering::SeqCst), 5);
+    // The first request after each handshake would wait 40 ms for the
+    // kernel's delayed acknowledgement of the response's head: 200 ms in all.
+    assert!(took < std::time::Duration::from_millis(120), "5 calls took {took:?}");
 }
 
 #[test]

@@ -274,6 +274,12 @@ fn query_value(query: Option<&str>, name: &str) -> Option<String> {
 
 /// The TLS set-up of [`TestServer::start_tls`], from `tests/certs/`.
 fn tls_acceptor() -> tokio_rustls::TlsAcceptor {
+    tokio_rustls::TlsAcceptor::from(tls_config(&[b"h2", b"http/1.1"]))
+}
+
+/// A server's TLS set-up with the certificate of `tests/certs/`, which
+/// `tests/certs/ca.pem` signed, offering the protocols of `alpn`.
+pub fn tls_config(alpn: &[&[u8]]) -> Arc<rustls::ServerConfig> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("certs");
@@ -289,8 +295,8 @@ fn tls_acceptor() -> tokio_rustls::TlsAcceptor {
         .with_no_client_auth()
         .with_single_cert(certs, key)
         .expect("the test certificate and key match");
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+    config.alpn_protocols = alpn.iter().map(|protocol| protocol.to_vec()).collect();
+    Arc::new(config)
 }
 
 async fn serve(

@@ -444,18 +444,19 @@ struct Trip {
     target: Target,
 }
 
-/// A TCP stream that, once it has written after reading (a request over a
-/// connection that has answered before, or a TLS handshake's reply), asks
-/// the kernel to acknowledge what arrives next at once. A connection that
+/// A TCP stream that asks the kernel to acknowledge at once what arrives
+/// after it wrote: the first time it is read after writing (a request, or
+/// a TLS handshake's flight), it sets `TCP_QUICKACK`. A connection that
 /// goes back and forth falls into Linux's delayed-acknowledgement mode,
-/// and a server that writes a response in two pieces with Nagle's
-/// algorithm on holds the second until the first is acknowledged: 40 ms a
-/// request. Asked before the write, the kernel would fall back into that
-/// mode as the write goes out.
+/// and a server that writes a response's head and body apart with Nagle's
+/// algorithm on holds the body until the head is acknowledged: 40 ms a
+/// request. Asked before a write, the kernel would fall back into that
+/// mode as the write goes out, and so it would asked after the first of
+/// two writes (a handshake's last flight, then the first request).
 struct QuickAck {
     inner: TcpStream,
-    /// Whether anything was read since the last write.
-    replied: bool,
+    /// Whether anything was written since the last read.
+    wrote: bool,
 }
 
 impl tokio::io::AsyncRead for QuickAck {
@@ -464,12 +465,11 @@ impl tokio::io::AsyncRead for QuickAck {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        let filled = buf.filled().len();
-        let read = ready!(Pin::new(&mut self.inner).poll_read(cx, buf));
-        if buf.filled().len() > filled {
-            self.replied = true;
+        if std::mem::take(&mut self.wrote) {
+            #[cfg(target_os = "linux")]
+            let _ = socket2::SockRef::from(&self.inner).set_tcp_quickack(true);
         }
-        Poll::Ready(read)
+        Pin::new(&mut self.inner).poll_read(cx, buf)
     }
 }
 
@@ -480,7 +480,7 @@ impl tokio::io::AsyncWrite for QuickAck {
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let written = ready!(Pin::new(&mut self.inner).poll_write(cx, data));
-        self.quick_ack();
+        self.wrote |= matches!(written, Ok(1..));
         Poll::Ready(written)
     }
 
@@ -490,7 +490,7 @@ impl tokio::io::AsyncWrite for QuickAck {
         data: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let written = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, data));
-        self.quick_ack();
+        self.wrote |= matches!(written, Ok(1..));
         Poll::Ready(written)
     }
 
@@ -504,15 +504,6 @@ impl tokio::io::AsyncWrite for QuickAck {
 
     fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<std::io::Result<()>> {
         Pin::new(&mut self.inner).poll_shutdown(cx)
-    }
-}
-
-impl QuickAck {
-    fn quick_ack(&mut self) {
-        if std::mem::take(&mut self.replied) {
-            #[cfg(target_os = "linux")]
-            let _ = socket2::SockRef::from(&self.inner).set_tcp_quickack(true);
-        }
     }
 }
 
@@ -734,7 +725,7 @@ impl Trip {
             return Err(HttpError::Connect(last_error.expect("an address was tried")));
         };
         let _ = tcp.set_nodelay(true);
-        let tcp = QuickAck { inner: tcp, replied: false };
+        let tcp = QuickAck { inner: tcp, wrote: false };
         if self.target.scheme == Scheme::Http {
             return Ok((Box::new(tcp), false));
         }
