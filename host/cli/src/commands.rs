@@ -11,6 +11,22 @@ pub mod run;
 pub mod serve;
 pub mod test;
 
+/// A write to standard output that failed: see `out!` in `main.rs`.
+#[derive(Debug)]
+pub struct StdoutError(pub std::io::Error);
+
+impl std::fmt::Display for StdoutError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "failed to write to standard output: {}", self.0)
+    }
+}
+
+impl std::error::Error for StdoutError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
+    }
+}
+
 /// A size for a person: `512 B`, `3.4 KiB`, `1.1 MiB`.
 pub fn size(bytes: u64) -> String {
     match bytes {

@@ -6,6 +6,25 @@ use std::time::Instant;
 
 use clap::{Parser, Subcommand};
 
+/// `print!` for what a command prints on standard output, returning a
+/// failed write as a [`commands::StdoutError`] where `print!` panics: a
+/// reader that went away (`keel run … | head`) ends the command, and
+/// `main` ends the process quietly.
+macro_rules! out {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        write!(std::io::stdout().lock(), $($arg)*).map_err(crate::commands::StdoutError)
+    }};
+}
+
+/// [`out!`] with a newline, as `println!`.
+macro_rules! outln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        writeln!(std::io::stdout().lock(), $($arg)*).map_err(crate::commands::StdoutError)
+    }};
+}
+
 mod commands;
 mod prompter;
 mod telemetry;
@@ -88,6 +107,9 @@ fn main() -> ExitCode {
     telemetry.shutdown();
     match result {
         Ok(()) => ExitCode::SUCCESS,
+        // Nobody is left to read the rest, nor an error: the status is the
+        // one a shell gives a command that SIGPIPE ended (128 + 13).
+        Err(error) if stdout_gone(&error) => ExitCode::from(141),
         Err(error) => {
             // Unlike `eprintln!`, no panic when stderr is gone: the command
             // failed, and its status says so all the same.
@@ -95,4 +117,13 @@ fn main() -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Whether `error` is a write to a standard output whose reader went away.
+fn stdout_gone(error: &anyhow::Error) -> bool {
+    error.chain().any(|cause| {
+        cause
+            .downcast_ref::<commands::StdoutError>()
+            .is_some_and(|error| error.0.kind() == std::io::ErrorKind::BrokenPipe)
+    })
 }

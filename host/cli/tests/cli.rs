@@ -74,6 +74,31 @@ fn a_failing_command_whose_stderr_is_gone_still_exits_with_its_status() {
 }
 
 #[test]
+fn a_command_whose_stdout_is_gone_ends_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    let batch = r#"[{"type":"tool_use","id":"1","name":"grep","input":{"pattern":"x"}}]"#;
+    std::fs::write(dir.path().join("batch.json"), batch).unwrap();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
+    for args in [&["run", "batch.json"][..], &["run", "--events", "batch.json"], &["list"]] {
+        // A pipe nobody reads, as `keel run … | head` leaves once `head`
+        // has what it wants.
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let mut child = support::keel(dir.path(), &cache, args)
+            .stdin(std::process::Stdio::null())
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let status = support::exit_within(&mut child, KEEL_LIMIT);
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut child.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(141), "keel {args:?}: {status}\n{stderr}");
+        assert!(!stderr.contains("panicked") && !stderr.contains("error"), "keel {args:?}: {stderr}");
+    }
+}
+
+#[test]
 fn a_bad_plugin_fails_naming_the_file() {
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("evil.wasm"), b"MZ\x90\x00").unwrap();

@@ -65,12 +65,12 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
     }
     if let Some([plugins, cache]) = args.first_call.as_deref() {
         let [first, later, after_idle, warm_up] = bench::first_call_in_process(plugins, cache, started)?;
-        println!("{first} {later} {after_idle} {warm_up}");
+        outln!("{first} {later} {after_idle} {warm_up}")?;
         std::process::exit(0);
     }
     if let Some([plugins, cache]) = args.start_pool.as_deref() {
         let (ms, _host, _runtime) = bench::start_pool(plugins, cache, started)?;
-        println!("{ms}");
+        outln!("{ms}")?;
         // What comes after the start is not measured, and need not be done.
         std::process::exit(0);
     }
@@ -100,7 +100,7 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
         anyhow::bail!("no figure is named {only}; the figures: {}", bench::FIGURES.join(", "));
     }
     if !args.json {
-        println!("{:<58} {:>12} {:>12}  {:<8} {:>7}  target", "figure", "keel", "baseline", "unit", "ratio");
+        outln!("{:<58} {:>12} {:>12}  {:<8} {:>7}  target", "figure", "keel", "baseline", "unit", "ratio")?;
     }
     let mut stdout = std::io::stdout();
     let print = |figure: Figure| {

@@ -39,7 +39,7 @@ pub fn run(args: &CacheArgs) -> Result<()> {
     match args.command {
         Some(CacheCommand::Prune { days }) => {
             let pruned = cache::prune(&dir, Duration::from_secs(days.saturating_mul(86_400)))?;
-            println!("removed {} files, {} from {}", pruned.files, size(pruned.bytes), dir.display());
+            outln!("removed {} files, {} from {}", pruned.files, size(pruned.bytes), dir.display())?;
         }
         None => {
             let listing = cache::list(&dir)?;
@@ -55,18 +55,18 @@ pub fn run(args: &CacheArgs) -> Result<()> {
                 } else {
                     plugins.join(", ")
                 };
-                println!(
+                outln!(
                     "{}  {:>10}  seen {:>8} ago  {plugins}",
                     &entry.content_key[..16],
                     size(entry.bytes()),
                     ago(age)
-                );
+                )?;
             }
             if !listing.strays.is_empty() {
                 let bytes: u64 = listing.strays.iter().map(|(_, bytes, _)| bytes).sum();
-                println!("{} files of no entry, {}", listing.strays.len(), size(bytes));
+                outln!("{} files of no entry, {}", listing.strays.len(), size(bytes))?;
             }
-            println!("{} entries, {} in {}", listing.entries.len(), size(listing.bytes()), dir.display());
+            outln!("{} entries, {} in {}", listing.entries.len(), size(listing.bytes()), dir.display())?;
         }
     }
     Ok(())

@@ -147,9 +147,9 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     let origin =
         config_path.map_or_else(|| "defaults; no keel.toml".to_string(), |path| path.display().to_string());
     if args.json {
-        println!("{}", serde_json::to_string_pretty(&report.to_json(&args.plugin, &grant))?);
+        outln!("{}", serde_json::to_string_pretty(&report.to_json(&args.plugin, &grant))?)?;
     } else {
-        print!("{}", report.to_text(&args.plugin, &grant, &origin));
+        out!("{}", report.to_text(&args.plugin, &grant, &origin))?;
     }
     Ok(())
 }

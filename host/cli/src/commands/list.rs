@@ -42,7 +42,7 @@ pub fn run(args: &ListArgs) -> Result<()> {
         ListFormat::Openai => serde_json::to_string_pretty(&definitions::definitions(pool, Format::OpenAi))?,
         ListFormat::Json => serde_json::to_string_pretty(&definitions::listing(pool))?,
     };
-    println!("{text}");
+    outln!("{text}")?;
     host.wait_for_cache_upkeep();
     Ok(())
 }

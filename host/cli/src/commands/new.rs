@@ -130,11 +130,11 @@ pub fn run(args: &NewArgs) -> Result<()> {
     }
 
     let wasm = format!("target/{TARGET}/release/{lib}.wasm");
-    println!("Created the tool `{name}` in {}. Next:\n", dir.display());
-    println!("    cd {}", dir.display());
-    println!("    cargo build --release --target {TARGET}");
-    println!("    cargo test && keel test tests/fixtures --plugins {wasm}");
-    println!("    keel run --plugins {wasm} tests/fixtures/{CASE}/batch.json");
+    outln!("Created the tool `{name}` in {}. Next:\n", dir.display())?;
+    outln!("    cd {}", dir.display())?;
+    outln!("    cargo build --release --target {TARGET}")?;
+    outln!("    cargo test && keel test tests/fixtures --plugins {wasm}")?;
+    outln!("    keel run --plugins {wasm} tests/fixtures/{CASE}/batch.json")?;
     if !target_installed() {
         eprintln!(
             "note: the {TARGET} target is not installed, so the build will fail; \

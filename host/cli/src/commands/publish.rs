@@ -50,6 +50,6 @@ pub fn run(args: &PublishArgs) -> Result<()> {
     let base = args.reference.rsplit_once(':').map_or(args.reference.as_str(), |(base, tag)| {
         if tag.contains('/') { args.reference.as_str() } else { base }
     });
-    println!("{base}@{digest}");
+    outln!("{base}@{digest}")?;
     Ok(())
 }

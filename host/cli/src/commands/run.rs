@@ -145,7 +145,13 @@ pub fn run(args: &RunArgs) -> Result<()> {
             }
         });
         let results = if args.events {
-            print_events(&mut run, &mut recording).await?;
+            if let Err(error) = print_events(&mut run, &mut recording).await {
+                // Nobody reads the rest: the calls still running are
+                // interrupted and end before the runtime does.
+                run.interrupter().interrupt();
+                run.finish().await;
+                return Err(error);
+            }
             run.finish().await.results
         } else {
             let display = std::io::stderr().is_terminal().then(LiveProgress::new);
@@ -160,7 +166,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
                 ResultFormat::Anthropic => user_message(&outcome.results),
                 ResultFormat::Openai => serde_json::Value::from(openai_messages(&outcome.results)),
             };
-            println!("{}", serde_json::to_string_pretty(&message)?);
+            outln!("{}", serde_json::to_string_pretty(&message)?)?;
             outcome.results
         };
         let wall = started.elapsed();
@@ -188,9 +194,11 @@ async fn print_events(run: &mut BatchRun, recording: &mut Recording) -> Result<(
     let mut stdout = std::io::stdout().lock();
     while let Some(event) = run.next_event().await {
         recording.record(&event);
-        serde_json::to_writer(&mut stdout, &event)?;
-        stdout.write_all(b"\n")?;
-        stdout.flush()?;
+        serde_json::to_writer(&mut stdout, &event)
+            .map_err(std::io::Error::from)
+            .and_then(|()| stdout.write_all(b"\n"))
+            .and_then(|()| stdout.flush())
+            .map_err(super::StdoutError)?;
     }
     Ok(())
 }

@@ -39,20 +39,20 @@ pub fn run(args: &TestArgs) -> Result<()> {
     let mut failed = Vec::new();
     for case in &cases {
         match runtime.block_on(run_case(case, &args.host, bless)) {
-            Ok(None) => println!("ok      {}", case.name),
+            Ok(None) => outln!("ok      {}", case.name)?,
             Ok(Some(diff)) => {
-                println!("FAILED  {}\n{diff}", case.name);
+                outln!("FAILED  {}\n{diff}", case.name)?;
                 failed.push(&case.name);
             }
             Err(error) => {
-                println!("FAILED  {}: {error:#}", case.name);
+                outln!("FAILED  {}: {error:#}", case.name)?;
                 failed.push(&case.name);
             }
         }
     }
-    println!("\n{} passed, {} failed", cases.len() - failed.len(), failed.len());
+    outln!("\n{} passed, {} failed", cases.len() - failed.len(), failed.len())?;
     if !failed.is_empty() {
-        println!("to accept the new output: KEEL_BLESS=1 keel test {}", args.dir.display());
+        outln!("to accept the new output: KEEL_BLESS=1 keel test {}", args.dir.display())?;
         bail!("{} fixture case(s) failed", failed.len());
     }
     Ok(())
