@@ -81,24 +81,35 @@ impl Usage {
         open
     }
 
-    /// A connection to `target` the call has open that may take a request
-    /// now: an idle HTTP/1.1 one, taken out until the request is sent, or
-    /// an HTTP/2 one, which carries many at once.
-    fn reuse(&self, target: &Target) -> Option<Reuse> {
+    /// How a request to `target` goes, decided under one taking of the
+    /// list: over a connection the call has open that may take it now (an
+    /// idle HTTP/1.1 one, taken out until the request is sent, or an
+    /// HTTP/2 one, which carries many at once), else over a new one, in a
+    /// place under `network_connections` ([`Usage::permit_in`]); `None`
+    /// when no place can be had.
+    fn route(&self, target: &Target) -> Option<Route> {
         let mut open = self.live();
-        let index =
-            open.iter().position(|connection| connection.target == *target && connection.is_idle())?;
-        Some(match &open[index].sender {
+        let Some(index) =
+            open.iter().position(|connection| connection.target == *target && connection.is_idle())
+        else {
+            return self.permit_in(&mut open).map(Route::New);
+        };
+        Some(Route::Reuse(match &open[index].sender {
             Sender::Http2(sender) => Reuse::Shared(sender.clone(), open[index].busy.clone()),
             Sender::Http1(_) => Reuse::Taken(open.remove(index)),
-        })
+        }))
     }
 
-    /// A place for one more connection under `network_connections`: when
-    /// every place is taken, by connections still open, the call's unused
-    /// connection that was opened first is closed to make one.
+    /// A place for one more connection under `network_connections`: see
+    /// [`Usage::permit_in`].
     fn connection_permit(&self) -> Option<OwnedSemaphorePermit> {
-        let mut open = self.live();
+        self.permit_in(&mut self.live())
+    }
+
+    /// A place for one more connection under `network_connections`, the
+    /// call's connections still open being `open`: when every place is
+    /// taken, the unused one that was opened first is closed to make one.
+    fn permit_in(&self, open: &mut Vec<Connection>) -> Option<OwnedSemaphorePermit> {
         if let Ok(permit) = self.connections.clone().try_acquire_owned() {
             return Some(permit);
         }
@@ -294,13 +305,7 @@ impl Egress {
     /// refusal, the reason. Decided as the guest sends, so that requests
     /// take places in the order they were sent.
     fn route(&self, target: &Target) -> Result<Route, String> {
-        match self.usage().reuse(target) {
-            Some(reuse) => Ok(Route::Reuse(reuse)),
-            None => match self.usage().connection_permit() {
-                Some(permit) => Ok(Route::New(permit)),
-                None => Err(limit_hit(&self.limits, LimitKind::NetworkConnections)),
-            },
-        }
+        self.usage().route(target).ok_or_else(|| limit_hit(&self.limits, LimitKind::NetworkConnections))
     }
 }
 
