@@ -29,6 +29,12 @@ fn host(workspace: &Path, config: &str) -> Host {
     block_on(builder.build()).unwrap()
 }
 
+/// Config that trusts the CA of the test servers' certificates,
+/// `tests/certs/ca.pem`, beside the bundled roots.
+fn test_ca_trusted() -> String {
+    format!("[network]\nroots = [{:?}]\n", concat!(env!("CARGO_MANIFEST_DIR"), "/certs/ca.pem"))
+}
+
 /// A grant of `entries` to the `net` tool, and `more` config after it.
 fn grant(entries: &[String], more: &str) -> String {
     let entries: Vec<String> = entries.iter().map(|entry| format!("{entry:?}")).collect();
@@ -440,9 +446,7 @@ fn a_new_tls_connection_does_not_wait_on_delayed_acknowledgements() {
     let workspace = tempfile::tempdir().unwrap();
     let (addr, connections) = two_write_server("a body in a record of its own", true, 5);
     let url = format!("https://{addr}/");
-    let ca = Path::new(env!("CARGO_MANIFEST_DIR")).join("certs/ca.pem");
-    let roots = format!("[network]\nroots = [{:?}]\n", ca.display().to_string());
-    let host = host(workspace.path(), &(roots + &grant(&[format!("https://{addr}")], "")));
+    let host = host(workspace.path(), &(test_ca_trusted() + &grant(&[format!("https://{addr}")], "")));
     let started = std::time::Instant::now();
     // Each call opens a connection of its own.
     for _ in 0..5 {
@@ -594,7 +598,6 @@ fn https_is_verified_and_speaks_http2_when_the_server_offers_it() {
     let workspace = tempfile::tempdir().unwrap();
     let server = TestServer::start_tls();
     let origin = format!("https://127.0.0.1:{}", server.port());
-    let ca = Path::new(env!("CARGO_MANIFEST_DIR")).join("certs/ca.pem");
 
     // With the bundled roots only, the test CA is nobody: the handshake fails.
     let host = host(workspace.path(), &grant(std::slice::from_ref(&origin), ""));
@@ -603,8 +606,8 @@ fn https_is_verified_and_speaks_http2_when_the_server_offers_it() {
     assert!(server.requests().is_empty());
 
     // Trusted through `[network] roots`, the same request goes, over HTTP/2.
-    let roots = format!("[network]\nroots = [{:?}]\n", ca.display().to_string());
-    let host = self::host(workspace.path(), &(roots + &grant(std::slice::from_ref(&origin), "")));
+    let config = test_ca_trusted() + &grant(std::slice::from_ref(&origin), "");
+    let host = self::host(workspace.path(), &config);
     let (entries, _, _) = call(
         &host,
         json!({ "requests": [get(&server.url("/hello")), { "method": "POST", "url": server.url("/echo"), "body": "over h2" }] }),
