@@ -3,7 +3,7 @@
 //! rmcp hands each request to the server on a task of its own, and tasks
 //! start in no particular order; only the transport sees requests in the
 //! order the client sent them. So the transport gives each `tools/call` its
-//! place in the host's [`CallStream`] as it is read, an [`Arrival`] in the
+//! place in the host's [`CallStream`](keel_host::CallStream) as it is read, an [`Arrival`] in the
 //! request's extensions, and the handler takes it from there. A request rmcp
 //! refuses before it reaches the handler drops its arrival, which withdraws
 //! it.
