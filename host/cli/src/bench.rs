@@ -642,53 +642,57 @@ pub const FIGURES: &[&str] = &[
 ];
 
 /// Every figure whose name starts with `only` (all when `None`), in order,
-/// each as it is measured.
-pub fn all(options: &BenchOptions, only: Option<&str>, mut report: impl FnMut(Figure)) -> Result<()> {
+/// each given to `report` as it is measured. An error of `report` (its
+/// reader gone) ends the measuring, and is returned.
+pub fn all(
+    options: &BenchOptions,
+    only: Option<&str>,
+    mut report: impl FnMut(Figure) -> Result<()>,
+) -> Result<()> {
     // A group is measured when its name and `only` agree as far as the
     // shorter goes; of its figures, those whose name starts with `only`
     // are reported.
     let wanted =
         |group: &str| only.is_none_or(|prefix| group.starts_with(prefix) || prefix.starts_with(group));
-    let mut report = |figure: Figure| {
-        if only.is_none_or(|prefix| figure.name.starts_with(prefix)) {
-            report(figure);
-        }
+    let mut report = |figure: Figure| match only {
+        Some(prefix) if !figure.name.starts_with(prefix) => Ok(()),
+        _ => report(figure),
     };
     let start = Instant::now();
     if wanted("per_call_overhead") {
-        report(per_call(options)?);
-        report(per_call_after_idle(options)?);
+        report(per_call(options)?)?;
+        report(per_call_after_idle(options)?)?;
     }
     if wanted("throughput") {
-        report(throughput(options, 1)?);
-        report(throughput(options, cores())?);
+        report(throughput(options, 1)?)?;
+        report(throughput(options, cores())?)?;
     }
     if wanted("batch_speedup") {
-        report(batch_speedup(options)?);
+        report(batch_speedup(options)?)?;
     }
     if wanted("startup_50_plugins") {
-        report(startup(options)?);
+        report(startup(options)?)?;
     }
     if wanted("first_call") {
-        first_call(options)?.into_iter().for_each(&mut report);
+        first_call(options)?.into_iter().try_for_each(&mut report)?;
     }
     if wanted("tool_work_hash_10mb") {
-        tool_work(options)?.into_iter().for_each(&mut report);
+        tool_work(options)?.into_iter().try_for_each(&mut report)?;
     }
     if wanted("guest_compute_sha256_1mib") {
-        report(guest_compute(options)?);
+        report(guest_compute(options)?)?;
     }
     if wanted("budget_per_message_10x1mb") {
-        report(budgets(options)?);
+        report(budgets(options)?)?;
     }
     if wanted("rich_result_image_2mib") {
-        report(rich_result(options)?);
+        report(rich_result(options)?)?;
     }
     if wanted("memory_rss") {
-        report(memory(options)?);
+        report(memory(options)?)?;
     }
     if wanted("network") {
-        network::figures(options)?.into_iter().for_each(&mut report);
+        network::figures(options)?.into_iter().try_for_each(&mut report)?;
     }
     if wanted("mcp_stdio") {
         mcp::figures(options, &mut report)?;

@@ -79,7 +79,8 @@ fn a_command_whose_stdout_is_gone_ends_quietly() {
     let batch = r#"[{"type":"tool_use","id":"1","name":"grep","input":{"pattern":"x"}}]"#;
     std::fs::write(dir.path().join("batch.json"), batch).unwrap();
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
-    for args in [&["run", "batch.json"][..], &["run", "--events", "batch.json"], &["list"]] {
+    let bench = ["bench", "--quick", "--json", "--only", "per_call_overhead"];
+    for args in [&["run", "batch.json"][..], &["run", "--events", "batch.json"], &["list"], &bench] {
         // A pipe nobody reads, as `keel run … | head` leaves once `head`
         // has what it wants.
         let (reader, writer) = std::io::pipe().unwrap();

@@ -362,7 +362,7 @@ fn percentile(mut samples: Vec<f64>, p: f64) -> f64 {
 /// The HTTP figures: round trip p50 and p99, calls per second with 1, 10
 /// and 100 clients, the p50 and calls per second of a call keel answers
 /// without a sandbox, two replicas against one, and the burst.
-pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) -> Result<()> {
+pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure) -> Result<()>) -> Result<()> {
     let workspace = tempdir()?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
@@ -391,13 +391,13 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
                 "µs",
             )
             .at_most(1.5),
-        );
+        )?;
         report(Figure::new(
             &format!("mcp_http_p99 {name}"),
             percentile(keel_samples, 99.0),
             percentile(native_samples, 99.0),
             "µs",
-        ));
+        ))?;
         let (keel_at, native_at) = ([keel.addr], [native.addr]);
         let rounds = options.scale(7, 1);
         for clients in [1, 10, 100] {
@@ -416,7 +416,7 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
                     "calls/s",
                 )
                 .at_least(0.7),
-            );
+            )?;
         }
         // What serving costs keel without a sandbox: a call of a tool it
         // does not have is answered by the same path up to the tool's
@@ -429,7 +429,7 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
             keel_samples.extend(latencies(&keel_client, calls / 5, Asked::NoTool).await?);
         }
         let (keel_p50, native_p50) = (median(keel_samples), median(native_samples));
-        report(Figure::new(&format!("mcp_http_p50_no_sandbox {alone}"), keel_p50, native_p50, "µs"));
+        report(Figure::new(&format!("mcp_http_p50_no_sandbox {alone}"), keel_p50, native_p50, "µs"))?;
         let per_round = options.scale(1_000, 300);
         let (keel_rate, native_rate) = paired_rates(
             rounds,
@@ -442,7 +442,7 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
             keel_rate,
             native_rate,
             "calls/s",
-        ));
+        ))?;
         let second = keel_server(options, &options.tools, workspace.path()).await?;
         let replicas = [keel.addr, second.addr];
         let (two, one) = paired_rates(
@@ -457,7 +457,7 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
             two,
             one,
             "calls/s",
-        ));
+        ))?;
         let calls = options.scale(1_000, 200);
         let (keel_ms, keel_lost) = burst(keel.addr, calls).await?;
         let (native_ms, native_lost) = burst(native.addr, calls).await?;
@@ -466,12 +466,12 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
             keel_ms,
             native_ms,
             "ms",
-        ));
+        ))?;
         report(answered(
             &format!("mcp_http_burst_{calls}_answered (keel serve replies / calls sent)"),
             keel_lost,
             calls,
-        ));
+        ))?;
         if native_lost > 0 {
             tracing::warn!("the native server lost {native_lost} of {calls} calls of the burst");
         }
@@ -488,7 +488,7 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
 fn memory(
     options: &BenchOptions,
     rt: &tokio::runtime::Runtime,
-    report: &mut impl FnMut(Figure),
+    report: &mut impl FnMut(Figure) -> Result<()>,
 ) -> Result<()> {
     // Installed plugins: their code compiled and in the cache, their files
     // older than the cache's racy window, as after any earlier start.
@@ -517,7 +517,7 @@ fn memory(
             idle as f64 / 1024.0,
             native_idle as f64 / 1024.0,
             "MiB",
-        ));
+        ))?;
         let (first, total) = (options.scale(1_000, 200), options.scale(10_000, 2_000));
         throughput(&[keel.addr], 10, first, Asked::Echo).await?;
         let after_first = resident_kib(&keel.pid().to_string())?;
@@ -531,7 +531,7 @@ fn memory(
                 "MiB",
             )
             .at_most(1.05),
-        );
+        )?;
         Ok(())
     })
 }

@@ -94,7 +94,7 @@ impl ServerHandler for NativeEcho {
 /// per call, `keel serve` against the native echo server, and the same for
 /// a call `keel serve` answers without a sandbox; then figure 13,
 /// the burst: 1,000 calls at once on one session of each.
-pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) -> Result<()> {
+pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure) -> Result<()>) -> Result<()> {
     let workspace = tempdir()?;
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -114,10 +114,10 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
         report(
             Figure::new(&format!("mcp_stdio_round_trip_p50 {name}"), latency[0], latency[1], "µs")
                 .at_most(1.5),
-        );
+        )?;
         report(
             Figure::new(&format!("mcp_stdio_server_cpu_per_call {name}"), cpu[0], cpu[1], "µs").at_most(2.0),
-        );
+        )?;
         // What serving costs keel without a sandbox: a call of a tool it
         // does not have is answered by the same path up to the tool's
         // lookup, and makes no sandbox.
@@ -129,13 +129,13 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
             latency[0],
             latency[1],
             "µs",
-        ));
+        ))?;
         report(Figure::new(
             &format!("mcp_stdio_server_cpu_per_call_no_sandbox {alone}"),
             cpu[0],
             cpu[1],
             "µs",
-        ));
+        ))?;
         let calls = options.scale(1_000, 200);
         let (keel_ms, keel_lost) = keel.burst(calls).await;
         let (native_ms, native_lost) = native.burst(calls).await;
@@ -144,12 +144,12 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure)) ->
             keel_ms,
             native_ms,
             "ms",
-        ));
+        ))?;
         report(answered(
             &format!("mcp_stdio_burst_{calls}_answered (keel serve replies / calls sent)"),
             keel_lost,
             calls,
-        ));
+        ))?;
         if native_lost > 0 {
             tracing::warn!("the native server lost {native_lost} of {calls} calls of the burst");
         }
@@ -199,13 +199,14 @@ where
 /// handshake, and the whole start: from spawning the server to the first
 /// call's reply. A server may answer the handshake at once and load its
 /// tools after it, or load them first: only the whole start compares the
-/// two alike.
+/// two alike. As in [`all`](super::all), an error of `report` ends the
+/// measuring.
 pub fn compare(
     options: &BenchOptions,
     command: &str,
     tool: &str,
     arguments: &JsonObject,
-    mut report: impl FnMut(Figure),
+    mut report: impl FnMut(Figure) -> Result<()>,
 ) -> Result<()> {
     let workspace = tempdir()?;
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -249,8 +250,8 @@ pub fn compare(
         let [latency, cpu] =
             round_trip(options, (&keel, || keel.call()), (&other, || other.call_tool(tool, arguments)))
                 .await?;
-        report(Figure::new(&format!("mcp_stdio_round_trip_p50 {name}"), latency[0], latency[1], "µs"));
-        report(Figure::new(&format!("mcp_stdio_server_cpu_per_call {name}"), cpu[0], cpu[1], "µs"));
+        report(Figure::new(&format!("mcp_stdio_round_trip_p50 {name}"), latency[0], latency[1], "µs"))?;
+        report(Figure::new(&format!("mcp_stdio_server_cpu_per_call {name}"), cpu[0], cpu[1], "µs"))?;
         let calls = 200;
         let (keel_ms, keel_lost) = keel.burst(calls).await;
         let (other_ms, other_lost) = other.burst_of(calls, tool, arguments).await;
@@ -259,19 +260,24 @@ pub fn compare(
             keel_ms,
             other_ms,
             "ms",
-        ));
+        ))?;
         report(answered(
             &format!("mcp_stdio_burst_{calls}_answered (keel serve replies / calls sent)"),
             keel_lost,
             calls,
-        ));
+        ))?;
         report(answered(
             &format!("mcp_stdio_burst_{calls}_answered ({command} replies / calls sent)"),
             other_lost,
             calls,
-        ));
-        report(Figure::new(&format!("mcp_stdio_first_call {name}"), keel_first, other_first, "ms"));
-        report(Figure::new(&format!("mcp_stdio_start_to_first_reply {name}"), keel_start, other_start, "ms"));
+        ))?;
+        report(Figure::new(&format!("mcp_stdio_first_call {name}"), keel_first, other_first, "ms"))?;
+        report(Figure::new(
+            &format!("mcp_stdio_start_to_first_reply {name}"),
+            keel_start,
+            other_start,
+            "ms",
+        ))?;
         keel.close().await;
         other.close().await;
         Ok(())

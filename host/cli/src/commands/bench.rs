@@ -8,6 +8,8 @@ use anyhow::{Context as _, Result};
 use clap::Args;
 use keel_cli::bench::{self, BenchOptions, Figure};
 
+use super::StdoutError;
+
 /// Arguments of `keel bench`.
 #[derive(Args)]
 pub struct BenchArgs {
@@ -102,21 +104,30 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
     if !args.json {
         outln!("{:<58} {:>12} {:>12}  {:<8} {:>7}  target", "figure", "keel", "baseline", "unit", "ratio")?;
     }
-    let mut stdout = std::io::stdout();
+    // A figure nobody can read ends the measuring: its write's error is
+    // kept here, and returned as the command's.
+    let mut unwritten = None;
     let print = |figure: Figure| {
         let line = if args.json {
             serde_json::to_string(&figure).expect("figures serialize")
         } else {
             table_row(&figure)
         };
-        let _ = writeln!(stdout, "{line}");
-        let _ = stdout.flush();
+        let mut stdout = std::io::stdout().lock();
+        writeln!(stdout, "{line}").and_then(|()| stdout.flush()).map_err(|error| {
+            let kind = error.kind();
+            unwritten = Some(error);
+            keel_host::Error::io("write", "standard output", kind.into())
+        })
     };
-    match compare {
-        Some((command, tool, arguments)) => bench::mcp::compare(&options, command, tool, &arguments, print)?,
-        None => bench::all(&options, args.only.as_deref(), print)?,
+    let measured = match compare {
+        Some((command, tool, arguments)) => bench::mcp::compare(&options, command, tool, &arguments, print),
+        None => bench::all(&options, args.only.as_deref(), print),
+    };
+    match unwritten {
+        Some(error) => Err(StdoutError(error).into()),
+        None => Ok(measured?),
     }
-    Ok(())
 }
 
 fn table_row(figure: &Figure) -> String {
