@@ -307,7 +307,7 @@ pub fn human_bytes(bytes: usize) -> String {
 }
 
 /// What a call's sandboxes used, shared by the tool that runs them
-/// ([`Invocation::usage`](crate::tool::Invocation::usage)) and the host
+/// ([`Invocation::record_usage`](crate::tool::Invocation::record_usage)) and the host
 /// that reports it: updated as the call goes, read once it ended.
 #[derive(Debug, Default)]
 pub struct Usage {
