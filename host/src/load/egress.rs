@@ -449,19 +449,22 @@ struct Trip {
     target: Target,
 }
 
-/// A TCP stream that asks the kernel to acknowledge at once what arrives
-/// after it wrote: the first time it is read after writing (a request, or
-/// a TLS handshake's flight), it sets `TCP_QUICKACK`. A connection that
-/// goes back and forth falls into Linux's delayed-acknowledgement mode,
-/// and a server that writes a response's head and body apart with Nagle's
-/// algorithm on holds the body until the head is acknowledged: 40 ms a
-/// request. Asked before a write, the kernel would fall back into that
-/// mode as the write goes out, and so it would asked after the first of
-/// two writes (a handshake's last flight, then the first request).
+/// A TCP stream that has the kernel acknowledge what it received before
+/// it waits for more: each time a read would wait after something came in
+/// or went out, it sets `TCP_QUICKACK`, which sends an acknowledgement the
+/// kernel put off at once. A connection that goes back and forth falls
+/// into Linux's delayed-acknowledgement mode, and a server with Nagle's
+/// algorithm on holds back each piece it writes apart (a response's head
+/// and body, a body in TLS records of a write each) until the one before
+/// is acknowledged: 40 ms a piece. A held piece costs only a reader that
+/// waits for it, and a reader about to wait has read all that came: so one
+/// system call a wait, none a read. Set after a write (a request, a TLS
+/// handshake's flight), it also takes the connection out of that mode
+/// before the response arrives.
 struct QuickAck {
     inner: TcpStream,
-    /// Whether anything was written since the last read.
-    wrote: bool,
+    /// Whether anything was read or written since the last wait.
+    moved: bool,
 }
 
 impl tokio::io::AsyncRead for QuickAck {
@@ -470,11 +473,16 @@ impl tokio::io::AsyncRead for QuickAck {
         cx: &mut Context<'_>,
         buf: &mut tokio::io::ReadBuf<'_>,
     ) -> Poll<std::io::Result<()>> {
-        if std::mem::take(&mut self.wrote) {
-            #[cfg(target_os = "linux")]
-            let _ = socket2::SockRef::from(&self.inner).set_tcp_quickack(true);
-        }
-        Pin::new(&mut self.inner).poll_read(cx, buf)
+        let before = buf.filled().len();
+        let Poll::Ready(read) = Pin::new(&mut self.inner).poll_read(cx, buf) else {
+            if std::mem::take(&mut self.moved) {
+                #[cfg(target_os = "linux")]
+                let _ = socket2::SockRef::from(&self.inner).set_tcp_quickack(true);
+            }
+            return Poll::Pending;
+        };
+        self.moved |= buf.filled().len() > before;
+        Poll::Ready(read)
     }
 }
 
@@ -485,7 +493,7 @@ impl tokio::io::AsyncWrite for QuickAck {
         data: &[u8],
     ) -> Poll<std::io::Result<usize>> {
         let written = ready!(Pin::new(&mut self.inner).poll_write(cx, data));
-        self.wrote |= matches!(written, Ok(1..));
+        self.moved |= matches!(written, Ok(1..));
         Poll::Ready(written)
     }
 
@@ -495,7 +503,7 @@ impl tokio::io::AsyncWrite for QuickAck {
         data: &[std::io::IoSlice<'_>],
     ) -> Poll<std::io::Result<usize>> {
         let written = ready!(Pin::new(&mut self.inner).poll_write_vectored(cx, data));
-        self.wrote |= matches!(written, Ok(1..));
+        self.moved |= matches!(written, Ok(1..));
         Poll::Ready(written)
     }
 
@@ -730,7 +738,7 @@ impl Trip {
             return Err(HttpError::Connect(last_error.expect("an address was tried")));
         };
         let _ = tcp.set_nodelay(true);
-        let tcp = QuickAck { inner: tcp, wrote: false };
+        let tcp = QuickAck { inner: tcp, moved: false };
         if self.target.scheme == Scheme::Http {
             return Ok((Box::new(tcp), false));
         }
