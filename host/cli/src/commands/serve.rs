@@ -245,6 +245,9 @@ pub struct Live {
     _host: Host,
     /// Told the results this version persisted, once it is gone.
     metrics: Option<Arc<metrics::Metrics>>,
+    /// Its warm-up, stopped once another version is served: nothing is
+    /// left to get ready for.
+    warm_up: tokio::task::AbortHandle,
 }
 
 impl Live {
@@ -257,10 +260,10 @@ impl Live {
         // Off the path of any call, on the runtime whose threads run the
         // calls: the first call of a plugin then neither loads its code nor
         // finds its pool slot cold.
-        warm_on.spawn(host.warm_up());
+        let warm_up = warm_on.spawn(host.warm_up()).abort_handle();
         let tools = mcp_tools(&host).into();
         let stream = host.stream(context);
-        Live { stream, tools, _host: host, metrics }
+        Live { stream, tools, _host: host, metrics, warm_up }
     }
 
     /// The real name of the tool `name` calls, by its name or an alias.
@@ -292,9 +295,14 @@ impl Shelf {
     }
 
     /// Serve `live` from now on; the one it replaces lives on in the calls
-    /// that hold it.
+    /// that hold it, and its warm-up stops (a tool's load under way ends
+    /// first).
     fn replace(&self, live: Live) {
-        *self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner()) = Arc::new(live);
+        let replaced = std::mem::replace(
+            &mut *self.0.write().unwrap_or_else(|poisoned| poisoned.into_inner()),
+            Arc::new(live),
+        );
+        replaced.warm_up.abort();
     }
 }
 
@@ -668,5 +676,85 @@ impl EventLog {
         if let Err(error) = file.write_all(&line) {
             tracing::warn!("failed to write to events file {}: {error}", self.path.display());
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    use async_trait::async_trait;
+    use keel_host::tool::{CallError, Invocation};
+
+    use super::*;
+
+    /// A tool whose warm-up never ends: it sets `began` as it begins, and
+    /// `ended` once it is dropped.
+    struct Warming {
+        spec: ToolSpec,
+        began: Arc<AtomicBool>,
+        ended: Arc<AtomicBool>,
+    }
+
+    /// Sets its flag when dropped.
+    struct Flag(Arc<AtomicBool>);
+
+    impl Drop for Flag {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+
+    #[async_trait]
+    impl Tool for Warming {
+        fn spec(&self) -> &ToolSpec {
+            &self.spec
+        }
+
+        async fn invoke(&self, _: Value, _: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {
+            Err(CallError::Host("never called".into()))
+        }
+
+        async fn warm_up(&self) {
+            let _ended = Flag(self.ended.clone());
+            self.began.store(true, Ordering::SeqCst);
+            std::future::pending::<()>().await;
+        }
+    }
+
+    /// Wait up to a second for `flag`; whether it was set.
+    async fn set(flag: &AtomicBool) -> bool {
+        for _ in 0..200 {
+            if flag.load(Ordering::SeqCst) {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        false
+    }
+
+    #[tokio::test]
+    async fn a_replaced_pool_stops_its_warm_up() {
+        let workspace = tempfile::tempdir().unwrap();
+        let flags = || (Arc::new(AtomicBool::new(false)), Arc::new(AtomicBool::new(false)));
+        let live = |(began, ended): &(Arc<AtomicBool>, Arc<AtomicBool>)| {
+            let spec =
+                ToolSpec::native("warming", "Warms up forever.", serde_json::json!({ "type": "object" }));
+            let tool = Arc::new(Warming { spec, began: began.clone(), ended: ended.clone() });
+            let host = Host::builder().workspace(workspace.path()).cache_dir(None).tool(tool).build();
+            async {
+                let host = host.await.unwrap();
+                Live::new(host, keel_host::context::initial(), None, &tokio::runtime::Handle::current())
+            }
+        };
+        let (first, second) = (flags(), flags());
+        let shelf = Shelf::new(live(&first).await);
+        assert!(set(&first.0).await, "the first version warms up");
+        // A call still holding the first version keeps it alive.
+        let held = shelf.current();
+        shelf.replace(live(&second).await);
+        assert!(set(&first.1).await, "the replaced version's warm-up still runs");
+        assert!(set(&second.0).await && !second.1.load(Ordering::SeqCst), "the version served warms up on");
+        drop(held);
     }
 }
