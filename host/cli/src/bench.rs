@@ -642,18 +642,25 @@ pub const FIGURES: &[&str] = &[
 ];
 
 /// Every figure whose name starts with `only` (all when `None`), in order,
-/// each given to `report` as it is measured. An error of `report` (its
-/// reader gone) ends the measuring, and is returned.
+/// each given to `report` as it is measured; `measuring` is told the name
+/// of each group of figures (one of [`FIGURES`]) as it begins. An error of
+/// `report` (its reader gone) ends the measuring, and is returned.
 pub fn all(
     options: &BenchOptions,
     only: Option<&str>,
     mut report: impl FnMut(Figure) -> Result<()>,
+    mut measuring: impl FnMut(&str),
 ) -> Result<()> {
     // A group is measured when its name and `only` agree as far as the
     // shorter goes; of its figures, those whose name starts with `only`
     // are reported.
-    let wanted =
-        |group: &str| only.is_none_or(|prefix| group.starts_with(prefix) || prefix.starts_with(group));
+    let mut wanted = |group: &str| {
+        let wanted = only.is_none_or(|prefix| group.starts_with(prefix) || prefix.starts_with(group));
+        if wanted {
+            measuring(group);
+        }
+        wanted
+    };
     let mut report = |figure: Figure| match only {
         Some(prefix) if !figure.name.starts_with(prefix) => Ok(()),
         _ => report(figure),

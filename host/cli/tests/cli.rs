@@ -114,7 +114,9 @@ fn a_bad_plugin_fails_naming_the_file() {
 fn bench_quick_prints_one_json_figure_per_line() {
     let dir = tempfile::tempdir().unwrap();
     let output = keel(&["bench", "--quick", "--json"], dir.path(), "");
-    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    assert!(!stderr.contains("measuring"), "no progress line off a terminal: {stderr}");
     let stdout = String::from_utf8(output.stdout).unwrap();
     let figures: Vec<serde_json::Value> =
         stdout.lines().map(|line| serde_json::from_str(line).unwrap()).collect();
@@ -171,6 +173,29 @@ fn bench_quick_prints_one_json_figure_per_line() {
     for figure in figures.iter().filter(|f| f["name"].as_str().unwrap().contains("_answered")) {
         assert_eq!(figure["keel"], figure["baseline"], "{figure}");
     }
+}
+
+#[test]
+fn bench_on_a_terminal_says_what_it_is_measuring() {
+    let dir = tempfile::tempdir().unwrap();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
+    // `script` (util-linux) runs the command on a terminal of its own, and
+    // copies what it shows to stdout.
+    let command = format!("'{}' bench --quick --only per_call_overhead", env!("CARGO_BIN_EXE_keel"));
+    let mut script = std::process::Command::new("script");
+    script.args(["-qec", &command, "/dev/null"]).current_dir(dir.path()).env("KEEL_CACHE_DIR", &cache);
+    let output = support::run(&mut script, KEEL_LIMIT);
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{shown}");
+    assert!(shown.contains("measuring per_call_overhead ("), "{shown}");
+    // Each figure is printed on a line the progress line was cleared from.
+    let rows: Vec<&str> = shown
+        .split(['\r', '\n'])
+        .map(|line| line.trim_start_matches("\x1b[2K"))
+        .filter(|line| line.starts_with("per_call_overhead"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{shown}");
+    assert!(rows[1].starts_with("per_call_overhead_after_idle"), "{shown}");
 }
 
 #[test]

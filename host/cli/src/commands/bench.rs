@@ -2,10 +2,11 @@
 
 use std::io::Write as _;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use clap::Args;
+use indicatif::{ProgressBar, ProgressStyle};
 use keel_cli::bench::{self, BenchOptions, Figure};
 
 use super::StdoutError;
@@ -104,6 +105,20 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
     if !args.json {
         outln!("{:<58} {:>12} {:>12}  {:<8} {:>7}  target", "figure", "keel", "baseline", "unit", "ratio")?;
     }
+    // On a terminal, a line on stderr says what is being measured, and for
+    // how long; a figure is printed with the line cleared. It is drawn once
+    // a second, by a thread of its own that does no more: the figures
+    // measured in this process hardly see it, and elsewhere it is not made.
+    let spinner = ProgressBar::new_spinner().with_style(
+        ProgressStyle::with_template("{spinner} measuring {msg} ({elapsed})").expect("a valid template"),
+    );
+    if !spinner.is_hidden() {
+        spinner.enable_steady_tick(Duration::from_secs(1));
+    }
+    let measuring = |group: &str| {
+        spinner.set_message(group.to_string());
+        spinner.reset_elapsed();
+    };
     // A figure nobody can read ends the measuring: its write's error is
     // kept here, and returned as the command's.
     let mut unwritten = None;
@@ -114,16 +129,20 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
             table_row(&figure)
         };
         let mut stdout = std::io::stdout().lock();
-        writeln!(stdout, "{line}").and_then(|()| stdout.flush()).map_err(|error| {
+        spinner.suspend(|| writeln!(stdout, "{line}").and_then(|()| stdout.flush())).map_err(|error| {
             let kind = error.kind();
             unwritten = Some(error);
             keel_host::Error::io("write", "standard output", kind.into())
         })
     };
     let measured = match compare {
-        Some((command, tool, arguments)) => bench::mcp::compare(&options, command, tool, &arguments, print),
-        None => bench::all(&options, args.only.as_deref(), print),
+        Some((command, tool, arguments)) => {
+            measuring(&format!("keel serve and `{command}`"));
+            bench::mcp::compare(&options, command, tool, &arguments, print)
+        }
+        None => bench::all(&options, args.only.as_deref(), print, measuring),
     };
+    spinner.finish_and_clear();
     match unwritten {
         Some(error) => Err(StdoutError(error).into()),
         None => Ok(measured?),
