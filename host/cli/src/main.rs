@@ -26,6 +26,7 @@ macro_rules! outln {
 }
 
 mod commands;
+mod progress;
 mod prompter;
 mod telemetry;
 

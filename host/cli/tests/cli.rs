@@ -199,6 +199,33 @@ fn bench_on_a_terminal_says_what_it_is_measuring() {
 }
 
 #[test]
+fn a_run_on_a_terminal_says_it_is_loading_plugins_while_it_compiles_them() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(
+        dir.path().join("batch.json"),
+        r#"[{"type":"tool_use","id":"1","name":"grep","input":{"pattern":"x"}}]"#,
+    )
+    .unwrap();
+    // A cache of its own, empty: the plugin is compiled, which takes a
+    // while even in a fast build.
+    let cache = dir.path().join("cache");
+    let command = format!(
+        "'{}' run --plugins '{}' batch.json",
+        env!("CARGO_BIN_EXE_keel"),
+        support::bundled("grep").display()
+    );
+    let mut script = std::process::Command::new("script");
+    script.args(["-qec", &command, "/dev/null"]).current_dir(dir.path()).env("KEEL_CACHE_DIR", &cache);
+    let output = support::run(&mut script, KEEL_LIMIT);
+    let shown = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{shown}");
+    assert!(shown.contains("loading plugins (compiling those new to the cache) ("), "{shown}");
+    // The line is cleared before the message is printed.
+    let message = shown.lines().find(|line| line.contains("\"role\"")).expect("the message is shown");
+    assert_eq!(message.trim_start_matches("\x1b[2K").trim(), r#""role": "user","#, "{shown}");
+}
+
+#[test]
 fn bench_compares_keel_with_another_stdio_mcp_server() {
     let dir = tempfile::tempdir().unwrap();
     // The native echo server the MCP figures measure keel against is a real

@@ -129,7 +129,10 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         runtime.block_on(async {
             let engine = Arc::new(Runtime::new(&limits, cache_dir)?);
             // Asked afresh: what is shown is what the plugin answers now.
-            let plugin = PluginTool::load_fresh(&engine, &args.plugin, &grants, &limits).await?;
+            let load = PluginTool::load_fresh(&engine, &args.plugin, &grants, &limits);
+            let plugin =
+                crate::progress::shown("loading the plugin (compiling it if it is new to the cache)", load)
+                    .await?;
             let at_load = warnings.take();
             let spec = plugin.spec().clone();
             let input = given_input.unwrap_or_else(|| sample(&spec.input_schema));

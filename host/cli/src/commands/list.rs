@@ -33,7 +33,8 @@ enum ListFormat {
 /// by a rule) are not printed; warnings go to stderr.
 pub fn run(args: &ListArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let host = runtime.block_on(args.host.builder()?.build())?;
+    let builder = args.host.builder()?;
+    let host = runtime.block_on(crate::progress::shown(super::run::LOADING, builder.build()))?;
     let pool = host.pool();
     let text = match args.format {
         ListFormat::Anthropic => {

@@ -135,7 +135,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         if let Some(prompter) = TerminalPrompter::if_interactive() {
             builder = builder.prompter(std::sync::Arc::new(prompter));
         }
-        let host = builder.build().await?;
+        let host = crate::progress::shown(LOADING, builder.build()).await?;
         let started = Instant::now();
         let mut run = host.start_batch(uses, keel_host::context::initial());
         let interrupter = run.interrupter();
@@ -189,6 +189,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     eprintln!("{summary}");
     Ok(())
 }
+
+/// What a command says while its plugins load, when that takes a while.
+pub const LOADING: &str = "loading plugins (compiling those new to the cache)";
 
 async fn print_events(run: &mut BatchRun, recording: &mut Recording) -> Result<()> {
     let mut stdout = std::io::stdout().lock();
@@ -436,7 +439,8 @@ impl HostArgs {
             scope
                 .spawn(|| {
                     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-                    Ok(runtime.block_on(registries.pull(reference, resolve))?)
+                    let pull = registries.pull(reference, resolve);
+                    Ok(runtime.block_on(crate::progress::shown(&format!("pulling {reference}"), pull))?)
                 })
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
