@@ -175,18 +175,24 @@ fn bench_quick_prints_one_json_figure_per_line() {
     }
 }
 
+/// What `keel ARGS` (shell words) shows when run in `cwd` on a terminal of
+/// its own, which `script` (util-linux) makes, with `cache` as its compile
+/// cache; panics unless it succeeds.
+fn on_a_terminal(args: &str, cwd: &Path, cache: &Path) -> String {
+    let command = format!("'{}' {args}", env!("CARGO_BIN_EXE_keel"));
+    let mut script = std::process::Command::new("script");
+    script.args(["-qec", &command, "/dev/null"]).current_dir(cwd).env("KEEL_CACHE_DIR", cache);
+    let output = support::run(&mut script, KEEL_LIMIT);
+    let shown = String::from_utf8_lossy(&output.stdout).into_owned();
+    assert!(output.status.success(), "keel {args}: {}\n{shown}", output.status);
+    shown
+}
+
 #[test]
 fn bench_on_a_terminal_says_what_it_is_measuring() {
     let dir = tempfile::tempdir().unwrap();
     let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
-    // `script` (util-linux) runs the command on a terminal of its own, and
-    // copies what it shows to stdout.
-    let command = format!("'{}' bench --quick --only per_call_overhead", env!("CARGO_BIN_EXE_keel"));
-    let mut script = std::process::Command::new("script");
-    script.args(["-qec", &command, "/dev/null"]).current_dir(dir.path()).env("KEEL_CACHE_DIR", &cache);
-    let output = support::run(&mut script, KEEL_LIMIT);
-    let shown = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{shown}");
+    let shown = on_a_terminal("bench --quick --only per_call_overhead", dir.path(), &cache);
     assert!(shown.contains("measuring per_call_overhead ("), "{shown}");
     // Each figure is printed on a line the progress line was cleared from.
     let rows: Vec<&str> = shown
@@ -208,17 +214,8 @@ fn a_run_on_a_terminal_says_it_is_loading_plugins_while_it_compiles_them() {
     .unwrap();
     // A cache of its own, empty: the plugin is compiled, which takes a
     // while even in a fast build.
-    let cache = dir.path().join("cache");
-    let command = format!(
-        "'{}' run --plugins '{}' batch.json",
-        env!("CARGO_BIN_EXE_keel"),
-        support::bundled("grep").display()
-    );
-    let mut script = std::process::Command::new("script");
-    script.args(["-qec", &command, "/dev/null"]).current_dir(dir.path()).env("KEEL_CACHE_DIR", &cache);
-    let output = support::run(&mut script, KEEL_LIMIT);
-    let shown = String::from_utf8_lossy(&output.stdout);
-    assert!(output.status.success(), "{shown}");
+    let args = format!("run --plugins '{}' batch.json", support::bundled("grep").display());
+    let shown = on_a_terminal(&args, dir.path(), &dir.path().join("cache"));
     assert!(shown.contains("loading plugins (compiling those new to the cache) ("), "{shown}");
     // The line is cleared before the message is printed.
     let message = shown.lines().find(|line| line.contains("\"role\"")).expect("the message is shown");
