@@ -3,6 +3,7 @@
 //! the work has taken longer than a moment, so that a warm start shows
 //! nothing.
 
+use std::borrow::Cow;
 use std::future::Future;
 use std::io::IsTerminal as _;
 use std::time::Duration;
@@ -15,7 +16,7 @@ const QUIET_FOR: Duration = Duration::from_millis(250);
 /// Await `work`; once it has taken longer than [`QUIET_FOR`], say `what`
 /// on stderr with the time it has taken so far, when stderr is a terminal.
 /// The line is cleared when the work ends.
-pub async fn shown<T>(what: &str, work: impl Future<Output = T>) -> T {
+pub async fn shown<T>(what: impl Into<Cow<'static, str>>, work: impl Future<Output = T>) -> T {
     if !std::io::stderr().is_terminal() {
         return work.await;
     }
@@ -28,7 +29,7 @@ pub async fn shown<T>(what: &str, work: impl Future<Output = T>) -> T {
     let line = ProgressBar::new_spinner()
         .with_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("a valid template"))
         .with_elapsed(started.elapsed())
-        .with_message(what.to_owned());
+        .with_message(what);
     line.enable_steady_tick(Duration::from_millis(100));
     let done = work.await;
     line.finish_and_clear();

@@ -38,12 +38,15 @@ pub fn run(args: &PublishArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let digest = runtime.block_on(async {
         // Only a component keel loads is published.
-        let engine = Arc::new(Runtime::new(&Limits::default(), None)?);
+        let limits = Limits::default();
+        let engine = Arc::new(Runtime::new(&limits, None)?);
         let workspace = std::env::current_dir()?;
-        let plugin = PluginTool::load(&engine, &args.component, &workspace, &Limits::default()).await?;
+        let load = PluginTool::load(&engine, &args.component, &workspace, &limits);
+        let plugin = crate::progress::shown("loading the component (compiling it)", load).await?;
         let cache = default_cache_dir().unwrap_or_else(std::env::temp_dir);
         let registries = Registries::new(&cache, &config.registries.insecure);
-        let digest = registries.push(&args.reference, bytes).await?;
+        let push = registries.push(&args.reference, bytes);
+        let digest = crate::progress::shown(format!("pushing to {}", args.reference), push).await?;
         eprintln!("published {} ({})", plugin.spec().name, args.component.display());
         anyhow::Ok(digest)
     })?;

@@ -440,7 +440,7 @@ impl HostArgs {
                 .spawn(|| {
                     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                     let pull = registries.pull(reference, resolve);
-                    Ok(runtime.block_on(crate::progress::shown(&format!("pulling {reference}"), pull))?)
+                    Ok(runtime.block_on(crate::progress::shown(format!("pulling {reference}"), pull))?)
                 })
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))

@@ -38,7 +38,9 @@ pub fn run(args: &TestArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let mut failed = Vec::new();
     for case in &cases {
-        match runtime.block_on(run_case(case, &args.host, bless)) {
+        let running =
+            crate::progress::shown(format!("running {}", case.name), run_case(case, &args.host, bless));
+        match runtime.block_on(running) {
             Ok(None) => outln!("ok      {}", case.name)?,
             Ok(Some(diff)) => {
                 outln!("FAILED  {}\n{diff}", case.name)?;
