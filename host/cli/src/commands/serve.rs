@@ -723,8 +723,8 @@ mod tests {
         }
     }
 
-    /// Wait up to a second for `flag`; whether it was set.
-    async fn set(flag: &AtomicBool) -> bool {
+    /// Whether `flag` is set within a second.
+    async fn within_a_second(flag: &AtomicBool) -> bool {
         for _ in 0..200 {
             if flag.load(Ordering::SeqCst) {
                 return true;
@@ -750,12 +750,15 @@ mod tests {
         };
         let (first, second) = (flags(), flags());
         let shelf = Shelf::new(live(&first).await);
-        assert!(set(&first.0).await, "the first version warms up");
+        assert!(within_a_second(&first.0).await, "the first version warms up");
         // A call still holding the first version keeps it alive.
         let held = shelf.current();
         shelf.replace(live(&second).await);
-        assert!(set(&first.1).await, "the replaced version's warm-up still runs");
-        assert!(set(&second.0).await && !second.1.load(Ordering::SeqCst), "the version served warms up on");
+        assert!(within_a_second(&first.1).await, "the replaced version's warm-up still runs");
+        assert!(
+            within_a_second(&second.0).await && !second.1.load(Ordering::SeqCst),
+            "the version served warms up on"
+        );
         drop(held);
     }
 }
