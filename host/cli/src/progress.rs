@@ -26,12 +26,16 @@ pub async fn shown<T>(what: impl Into<Cow<'static, str>>, work: impl Future<Outp
         done = &mut work => return done,
         () = tokio::time::sleep_until(started + QUIET_FOR) => {}
     }
-    let line = ProgressBar::new_spinner()
-        .with_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("a valid template"))
-        .with_elapsed(started.elapsed())
-        .with_message(what);
+    let line = line().with_elapsed(started.elapsed()).with_message(what);
     line.enable_steady_tick(Duration::from_millis(100));
     let done = work.await;
     line.finish_and_clear();
     done
+}
+
+/// The line itself, not drawn yet: a spinner, its message, and the time
+/// since it was made (or last reset); hidden when stderr is not a terminal.
+pub fn line() -> ProgressBar {
+    ProgressBar::new_spinner()
+        .with_style(ProgressStyle::with_template("{spinner} {msg} ({elapsed})").expect("a valid template"))
 }

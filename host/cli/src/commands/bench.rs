@@ -1,15 +1,11 @@
 //! `keel bench`: keel's speed and memory figures, each beside its baseline.
 
-use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use indicatif::{ProgressBar, ProgressStyle};
 use keel_cli::bench::{self, BenchOptions, Figure};
-
-use super::StdoutError;
 
 /// Arguments of `keel bench`.
 #[derive(Args)]
@@ -109,14 +105,12 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
     // how long; a figure is printed with the line cleared. It is drawn once
     // a second, by a thread of its own that does no more: the figures
     // measured in this process hardly see it, and elsewhere it is not made.
-    let spinner = ProgressBar::new_spinner().with_style(
-        ProgressStyle::with_template("{spinner} measuring {msg} ({elapsed})").expect("a valid template"),
-    );
+    let spinner = crate::progress::line();
     if !spinner.is_hidden() {
         spinner.enable_steady_tick(Duration::from_secs(1));
     }
     let measuring = |group: &str| {
-        spinner.set_message(group.to_string());
+        spinner.set_message(format!("measuring {group}"));
         spinner.reset_elapsed();
     };
     // A figure nobody can read ends the measuring: its write's error is
@@ -128,9 +122,8 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
         } else {
             table_row(&figure)
         };
-        let mut stdout = std::io::stdout().lock();
-        spinner.suspend(|| writeln!(stdout, "{line}").and_then(|()| stdout.flush())).map_err(|error| {
-            let kind = error.kind();
+        spinner.suspend(|| outln!("{line}")).map_err(|error| {
+            let kind = error.0.kind();
             unwritten = Some(error);
             keel_host::Error::io("write", "standard output", kind.into())
         })
@@ -144,7 +137,7 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
     };
     spinner.finish_and_clear();
     match unwritten {
-        Some(error) => Err(StdoutError(error).into()),
+        Some(error) => Err(error.into()),
         None => Ok(measured?),
     }
 }
