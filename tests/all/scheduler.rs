@@ -297,12 +297,16 @@ fn an_empty_batch_finishes_with_no_results_and_an_empty_plan() {
     assert!(events.iter().any(|event| matches!(event, Event::BatchFinished { calls: 0, errors: 0, .. })));
 }
 
+/// The batch's task runs on a runtime of one thread, so it cannot start
+/// before the interrupt: on a multi-threaded runtime a worker may start the
+/// call first, and the result would say it was stopped, not that it never
+/// started.
 #[test]
 fn an_interrupt_before_anything_starts_gives_every_call_an_interrupted_result() {
     let workspace = tempfile::tempdir().unwrap();
-    let builder = host_of(workspace.path(), &["keel_tool_sleep"]);
-    let host = block_on(builder.build()).unwrap();
-    let results = block_on(async {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let host = runtime.block_on(host_of(workspace.path(), &["keel_tool_sleep"]).build()).unwrap();
+    let results = runtime.block_on(async {
         let uses =
             vec![ToolUse::new("a", "sleep", json!({ "ms": 10 })), ToolUse::new("b", "nope", json!({}))];
         let run = host.start_batch(uses, keel_host::context::initial());
