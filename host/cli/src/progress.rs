@@ -10,6 +10,10 @@ use std::time::Duration;
 
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// What a command says while its plugins load (the host's build), when
+/// that takes a while.
+pub const LOADING: &str = "loading plugins (compiling those new to the cache)";
+
 /// How long work runs before its line is drawn.
 const QUIET_FOR: Duration = Duration::from_millis(250);
 

@@ -34,7 +34,7 @@ enum ListFormat {
 pub fn run(args: &ListArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     let builder = args.host.builder()?;
-    let host = runtime.block_on(crate::progress::shown(super::run::LOADING, builder.build()))?;
+    let host = runtime.block_on(crate::progress::shown(crate::progress::LOADING, builder.build()))?;
     let pool = host.pool();
     let text = match args.format {
         ListFormat::Anthropic => {

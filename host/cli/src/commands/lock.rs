@@ -28,7 +28,7 @@ pub fn run(args: &LockArgs) -> Result<()> {
         for path in &resolved.paths {
             builder = builder.plugins(path);
         }
-        anyhow::Ok(crate::progress::shown(super::run::LOADING, builder.build()).await?)
+        anyhow::Ok(crate::progress::shown(crate::progress::LOADING, builder.build()).await?)
     })?;
     let mut entries = host.lock_entries().to_vec();
     for entry in &mut entries {

@@ -135,7 +135,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         if let Some(prompter) = TerminalPrompter::if_interactive() {
             builder = builder.prompter(std::sync::Arc::new(prompter));
         }
-        let host = crate::progress::shown(LOADING, builder.build()).await?;
+        let host = crate::progress::shown(crate::progress::LOADING, builder.build()).await?;
         let started = Instant::now();
         let mut run = host.start_batch(uses, keel_host::context::initial());
         let interrupter = run.interrupter();
@@ -189,9 +189,6 @@ pub fn run(args: &RunArgs) -> Result<()> {
     eprintln!("{summary}");
     Ok(())
 }
-
-/// What a command says while its plugins load, when that takes a while.
-pub const LOADING: &str = "loading plugins (compiling those new to the cache)";
 
 async fn print_events(run: &mut BatchRun, recording: &mut Recording) -> Result<()> {
     let mut stdout = std::io::stdout().lock();

@@ -126,7 +126,7 @@ async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
         .then(|| Arc::new(metrics::Metrics::new()));
     // Until it serves, a stop ends it at once: there is nothing to answer.
     let loading = reload::Plugins::load(args.host.plugin_paths()?, runtime.clone(), grants, limits);
-    let loading = crate::progress::shown(super::run::LOADING, loading);
+    let loading = crate::progress::shown(crate::progress::LOADING, loading);
     let Some(plugins) = stopping.run_until_cancelled(loading).await else { return Ok(()) };
     let mut plugins = plugins?;
     if let Some(metrics) = &metrics {
