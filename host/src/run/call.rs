@@ -3,10 +3,12 @@
 //! tool's own `check` (validation, then its permission decision), then the host's
 //! [permission rules](crate::permissions), and run it.
 
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
 
 use serde_json::Value;
-use tracing::Instrument as _;
 
 use crate::batch::{ToolResult, ToolUse};
 use crate::content::{Content, ContentBlock};
@@ -195,16 +197,37 @@ pub(crate) struct Steps<'a> {
 
 impl Steps<'_> {
     /// Run `step`, timed and inside a span of its own.
-    pub(crate) async fn time<T>(&mut self, step: Step, work: impl Future<Output = T>) -> T {
-        let started = self.recorder.start();
+    pub(crate) fn time<F: Future>(&mut self, step: Step, work: F) -> Timed<'_, F> {
         // A call nobody traces has no step spans to enter on every poll.
-        let output = if self.span.is_disabled() {
-            work.await
-        } else {
-            work.instrument(step_span(self.span, step)).await
-        };
-        self.recorder.record(step, started);
-        output
+        let span = (!self.span.is_disabled()).then(|| step_span(self.span, step));
+        Timed { started: self.recorder.start(), recorder: self.recorder, step, span, work }
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// A step's work, polled where it lies: an `async fn` taking it would
+    /// move it once more, into its own state, before the first poll, and a
+    /// call has five steps (README, Performance).
+    pub(crate) struct Timed<'a, F> {
+        #[pin]
+        work: F,
+        recorder: &'a mut Recorder,
+        step: Step,
+        started: Option<Instant>,
+        span: Option<tracing::Span>,
+    }
+}
+
+impl<F: Future> Future for Timed<'_, F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let entered = this.span.as_ref().map(tracing::Span::enter);
+        let output = std::task::ready!(this.work.poll(cx));
+        drop(entered);
+        this.recorder.record(*this.step, *this.started);
+        Poll::Ready(output)
     }
 }
 
