@@ -228,11 +228,13 @@ fn bench_compares_keel_with_another_stdio_mcp_server() {
     // The native echo server the MCP figures measure keel against is a real
     // rmcp server on stdio: here it stands for the server a user runs today.
     // It writes down whether it runs with transparent huge pages, which
-    // `keel` turns off for itself and not for the server it compares.
-    let thp = dir.path().join("thp.txt");
+    // `keel` turns off for itself and not for the server it compares, and
+    // counts its starts.
+    let (thp, starts) = (dir.path().join("thp.txt"), dir.path().join("starts.txt"));
     let server = format!(
-        "sh -c 'grep THP_enabled /proc/self/status > {}; exec {} bench --serve-native-echo'",
+        "sh -c 'grep THP_enabled /proc/self/status > {}; echo start >> {}; exec {} bench --serve-native-echo'",
         thp.display(),
+        starts.display(),
         env!("CARGO_BIN_EXE_keel")
     );
     // `--tools` relative to where keel was started, though `keel serve` runs
@@ -268,6 +270,9 @@ fn bench_compares_keel_with_another_stdio_mcp_server() {
     for side in ["keel", "baseline"] {
         assert!(start[side].as_f64().unwrap() > first[side].as_f64().unwrap(), "{first} {start}");
     }
+    // Started once before the start that is measured, so that a launcher's
+    // first run (a download, a cache filled) is not what the figures show.
+    assert_eq!(std::fs::read_to_string(&starts).unwrap(), "start\nstart\n");
     // As this test's own process, which never turned them off.
     let own = std::fs::read_to_string("/proc/self/status").unwrap();
     let own = own.lines().find(|line| line.starts_with("THP_enabled:")).unwrap();

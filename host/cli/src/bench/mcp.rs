@@ -199,8 +199,9 @@ where
 /// handshake, and the whole start: from spawning the server to the first
 /// call's reply. A server may answer the handshake at once and load its
 /// tools after it, or load them first: only the whole start compares the
-/// two alike. As in [`all`](super::all), an error of `report` ends the
-/// measuring.
+/// two alike. Each server is started once, unmeasured, before the start
+/// that is measured and then called. As in [`all`](super::all), an error of
+/// `report` ends the measuring.
 pub fn compare(
     options: &BenchOptions,
     command: &str,
@@ -215,37 +216,47 @@ pub fn compare(
         .map_err(|error| Error::io("start a runtime for", &options.keel, error))?;
     let shell = Path::new("/bin/sh");
     rt.block_on(async {
-        let mut serve = tokio::process::Command::new(&options.keel);
-        serve.arg("serve").arg("--plugins").arg(&options.tools).arg("--workspace").arg(workspace.path());
-        let spawned = Instant::now();
-        let keel = Server::spawn(serve, workspace.path(), &options.keel).await?;
-        let started = Instant::now();
-        keel.call().await?;
-        let keel_first = started.elapsed().as_secs_f64() * 1e3;
-        let keel_start = spawned.elapsed().as_secs_f64() * 1e3;
-        let mut theirs = tokio::process::Command::new(shell);
-        theirs.arg("-c").arg(format!("exec {command}"));
-        // The server runs with the machine's transparent huge pages, as it
-        // would anywhere else, not with the huge pages `keel` turned off.
-        #[cfg(target_os = "linux")]
-        // SAFETY: one prctl system call, which allocates nothing and takes no
-        // lock, between fork and exec.
-        unsafe {
-            theirs.pre_exec(|| Ok(rustix::thread::disable_transparent_huge_pages(false)?));
-        }
-        let spawned = Instant::now();
-        let other = Server::spawn(theirs, workspace.path(), shell).await.map_err(|_| {
-            Error::Engine(format!("`{command}` did not start as an MCP server on stdio (run by `sh -c`)"))
-        })?;
-        let started = Instant::now();
-        other.call_tool(tool, arguments).await.map_err(|error| {
-            Error::Engine(format!(
-                "`{command}` could not call {tool} with {}: {error}",
-                Value::Object(arguments.clone())
-            ))
-        })?;
-        let other_first = started.elapsed().as_secs_f64() * 1e3;
-        let other_start = spawned.elapsed().as_secs_f64() * 1e3;
+        let serve = || {
+            let mut serve = tokio::process::Command::new(&options.keel);
+            serve.arg("serve").arg("--plugins").arg(&options.tools).arg("--workspace").arg(workspace.path());
+            serve
+        };
+        let theirs = || {
+            let mut theirs = tokio::process::Command::new(shell);
+            theirs.arg("-c").arg(format!("exec {command}"));
+            // The server runs with the machine's transparent huge pages, as it
+            // would anywhere else, not with the huge pages `keel` turned off.
+            #[cfg(target_os = "linux")]
+            // SAFETY: one prctl system call, which allocates nothing and takes no
+            // lock, between fork and exec.
+            unsafe {
+                theirs.pre_exec(|| Ok(rustix::thread::disable_transparent_huge_pages(false)?));
+            }
+            theirs
+        };
+        let keel_spawn = async || Server::spawn(serve(), workspace.path(), &options.keel).await;
+        let keel_call = async |keel: &Server| keel.call().await;
+        let their_spawn = async || {
+            Server::spawn(theirs(), workspace.path(), shell).await.map_err(|_| {
+                Error::Engine(format!("`{command}` did not start as an MCP server on stdio (run by `sh -c`)"))
+            })
+        };
+        let their_call = async |other: &Server| {
+            other.call_tool(tool, arguments).await.map_err(|error| {
+                Error::Engine(format!(
+                    "`{command}` could not call {tool} with {}: {error}",
+                    Value::Object(arguments.clone())
+                ))
+            })
+        };
+        // A start of each first, unmeasured: the starts measured are then
+        // what a user meets day to day, keel's plugins in its compile cache
+        // and a launcher's downloads (`npx`, `uv run`) done, not a machine's
+        // first start of either.
+        started(&keel_spawn, &keel_call).await?.1.close().await;
+        started(&their_spawn, &their_call).await?.1.close().await;
+        let ([keel_first, keel_start], keel) = started(&keel_spawn, &keel_call).await?;
+        let ([other_first, other_start], other) = started(&their_spawn, &their_call).await?;
         let name = format!("(keel serve echo / {command}: {tool})");
         let [latency, cpu] =
             round_trip(options, (&keel, || keel.call()), (&other, || other.call_tool(tool, arguments)))
@@ -282,6 +293,21 @@ pub fn compare(
         other.close().await;
         Ok(())
     })
+}
+
+/// A start of a server: `spawn` (the process and the handshake), then
+/// `first_call`; the first call alone and the whole start, in ms.
+async fn started(
+    spawn: impl AsyncFn() -> Result<Server>,
+    first_call: impl AsyncFn(&Server) -> Result<()>,
+) -> Result<([f64; 2], Server)> {
+    let spawned = Instant::now();
+    let server = spawn().await?;
+    let called = Instant::now();
+    first_call(&server).await?;
+    let done = Instant::now();
+    let ms = |since: Instant| (done - since).as_secs_f64() * 1e3;
+    Ok(([ms(called), ms(spawned)], server))
 }
 
 /// What one server's measured calls took.
