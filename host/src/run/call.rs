@@ -200,21 +200,32 @@ impl Steps<'_> {
     pub(crate) fn time<F: Future>(&mut self, step: Step, work: F) -> Timed<'_, F> {
         // A call nobody traces has no step spans to enter on every poll.
         let span = (!self.span.is_disabled()).then(|| step_span(self.span, step));
-        Timed { started: self.recorder.start(), recorder: self.recorder, step, span, work }
+        Timed { started: self.recorder.start(), recorder: self.recorder, step, span, work: Some(work) }
     }
 }
 
 pin_project_lite::pin_project! {
     /// A step's work, polled where it lies: an `async fn` taking it would
     /// move it once more, into its own state, before the first poll, and a
-    /// call has five steps (README, Performance).
+    /// call has five steps (README, Performance). Like
+    /// [`tracing::Instrument`], it is inside its span when polled and when
+    /// dropped: a sandbox dropped unfinished logs what its guest wrote.
     pub(crate) struct Timed<'a, F> {
+        // `None` only as it is dropped.
         #[pin]
-        work: F,
+        work: Option<F>,
         recorder: &'a mut Recorder,
         step: Step,
         started: Option<Instant>,
         span: Option<tracing::Span>,
+    }
+
+    impl<F> PinnedDrop for Timed<'_, F> {
+        fn drop(this: Pin<&mut Self>) {
+            let mut this = this.project();
+            let _entered = this.span.as_ref().map(tracing::Span::enter);
+            this.work.set(None);
+        }
     }
 }
 
@@ -224,7 +235,8 @@ impl<F: Future> Future for Timed<'_, F> {
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let entered = this.span.as_ref().map(tracing::Span::enter);
-        let output = std::task::ready!(this.work.poll(cx));
+        let work = this.work.as_pin_mut().expect("the work is there until the step is dropped");
+        let output = std::task::ready!(work.poll(cx));
         drop(entered);
         this.recorder.record(*this.step, *this.started);
         Poll::Ready(output)
