@@ -449,3 +449,44 @@ fn call_failed(name: &str, error: &CallError) -> String {
         other => format!("{name} failed: {other}"),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Logs as it is dropped, as a sandbox logs what its guest wrote.
+    struct LogsWhenDropped;
+
+    impl Drop for LogsWhenDropped {
+        fn drop(&mut self) {
+            tracing::info!("dropped");
+        }
+    }
+
+    #[test]
+    fn a_step_dropped_unfinished_drops_its_work_inside_its_span() {
+        let log = keel_tests::Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .with_target(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let call = tracing::info_span!("call");
+            let mut recorder = Recorder::new(0);
+            let mut steps = Steps { recorder: &mut recorder, span: &call };
+            let held = LogsWhenDropped;
+            let work = async move {
+                let _held = held;
+                std::future::pending::<()>().await
+            };
+            let mut step = Box::pin(steps.time(Step::Call, work));
+            let mut cx = Context::from_waker(std::task::Waker::noop());
+            assert!(step.as_mut().poll(&mut cx).is_pending());
+            drop(step);
+        });
+        assert_eq!(log.text(), " INFO call:tool_call: dropped\n");
+    }
+}
