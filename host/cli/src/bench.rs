@@ -293,6 +293,18 @@ pub(crate) fn tempdir() -> Result<tempfile::TempDir> {
     tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))
 }
 
+/// `keel serve` over `workspace` with the plugins in `plugins`: the server
+/// every MCP figure measures, stdio unless the caller adds `--http`.
+pub(crate) fn keel_serve(
+    options: &BenchOptions,
+    plugins: &Path,
+    workspace: &Path,
+) -> tokio::process::Command {
+    let mut command = tokio::process::Command::new(&options.keel);
+    command.arg("serve").arg("--plugins").arg(plugins).arg("--workspace").arg(workspace);
+    command
+}
+
 /// Run the `keel` binary with `args`, `plugins` and `cache`, and read the
 /// `N` numbers it prints on one line: the figures of one fresh process.
 pub(crate) fn child_figures<const N: usize>(

@@ -104,8 +104,7 @@ impl Server {
 
 /// `keel serve --http` over `workspace` with the plugins in `plugins`.
 async fn keel_server(options: &BenchOptions, plugins: &Path, workspace: &Path) -> Result<Server> {
-    let mut command = tokio::process::Command::new(&options.keel);
-    command.arg("serve").arg("--plugins").arg(plugins).arg("--workspace").arg(workspace);
+    let mut command = super::keel_serve(options, plugins, workspace);
     command.args(["--http", "127.0.0.1:0"]).current_dir(workspace);
     Server::spawn(command, &options.keel).await
 }
@@ -499,8 +498,7 @@ fn memory(
     std::thread::sleep(keel_host::load::floor::CACHE_RACY_WINDOW.saturating_sub(copied.elapsed()));
     let workspace = tempdir()?;
     rt.block_on(async {
-        let mut command = tokio::process::Command::new(&options.keel);
-        command.arg("serve").arg("--plugins").arg(plugins.path()).arg("--workspace").arg(workspace.path());
+        let mut command = super::keel_serve(options, plugins.path(), workspace.path());
         command
             .arg("--cache-dir")
             .arg(cache.path())

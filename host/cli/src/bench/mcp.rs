@@ -101,8 +101,7 @@ pub(super) fn figures(options: &BenchOptions, mut report: impl FnMut(Figure) -> 
         .build()
         .map_err(|error| Error::io("start a runtime for", &options.keel, error))?;
     rt.block_on(async {
-        let mut serve = tokio::process::Command::new(&options.keel);
-        serve.arg("serve").arg("--plugins").arg(&options.tools).arg("--workspace").arg(workspace.path());
+        let serve = super::keel_serve(options, &options.tools, workspace.path());
         let keel = Server::spawn(serve, workspace.path(), &options.keel).await?;
         let mut echo = tokio::process::Command::new(&options.keel);
         echo.args(NATIVE_ECHO_ARGS);
@@ -216,11 +215,7 @@ pub fn compare(
         .map_err(|error| Error::io("start a runtime for", &options.keel, error))?;
     let shell = Path::new("/bin/sh");
     rt.block_on(async {
-        let serve = || {
-            let mut serve = tokio::process::Command::new(&options.keel);
-            serve.arg("serve").arg("--plugins").arg(&options.tools).arg("--workspace").arg(workspace.path());
-            serve
-        };
+        let serve = || super::keel_serve(options, &options.tools, workspace.path());
         let theirs = || {
             let mut theirs = tokio::process::Command::new(shell);
             theirs.arg("-c").arg(format!("exec {command}"));
