@@ -9,15 +9,17 @@ use std::path::PathBuf;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// A file or directory could not be read or written.
-    #[error("failed to {action} {}: {source}", path.display())]
+    /// A file or directory could not be read or written. The I/O error's
+    /// text ends the message; it is not also the error's `source`, which a
+    /// report of the whole chain would print a second time.
+    #[error("failed to {action} {}: {error}", path.display())]
     Io {
         /// What was being done, as a verb phrase: "read", "create".
         action: &'static str,
         /// The file or directory.
         path: PathBuf,
         /// The underlying error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// A plugin file could not be loaded.
     #[error("failed to load plugin {}: {reason}", path.display())]
@@ -87,8 +89,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     /// The error of doing `action` (a verb: "read", "create") to `path`.
-    pub fn io(action: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Error::Io { action, path: path.into(), source }
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, error: std::io::Error) -> Self {
+        Error::Io { action, path: path.into(), error }
     }
 
     pub(crate) fn plugin(path: impl Into<PathBuf>, reason: impl Into<String>) -> Self {

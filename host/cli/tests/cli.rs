@@ -111,6 +111,16 @@ fn a_bad_plugin_fails_naming_the_file() {
 }
 
 #[test]
+fn a_missing_workspace_fails_naming_it_and_its_reason_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = keel(&["run", "--workspace", "gone", "-"], dir.path(), "[]");
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(stderr, "error: failed to open workspace gone: No such file or directory (os error 2)\n");
+}
+
+#[test]
 fn bench_quick_prints_one_json_figure_per_line() {
     let dir = tempfile::tempdir().unwrap();
     let output = keel(&["bench", "--quick", "--json"], dir.path(), "");

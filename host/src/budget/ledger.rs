@@ -56,9 +56,10 @@ pub struct Ledger {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum LedgerError {
-    /// The JSON is not a ledger.
+    /// The JSON is not a ledger. Its text ends the message, and is not
+    /// also the error's `source` (a report of the chain would repeat it).
     #[error("failed to read the replacement ledger: {0}")]
-    Json(#[from] serde_json::Error),
+    Json(serde_json::Error),
     /// A message of the transcript is not of the expected shape.
     #[error("failed to rebuild the replacement ledger: transcript[{message}]{block}: {reason}")]
     Transcript {
@@ -110,7 +111,7 @@ impl Ledger {
 
     /// Read a ledger written by [`Ledger::to_json`].
     pub fn from_json(text: &str) -> Result<Self, LedgerError> {
-        Ok(serde_json::from_str(text)?)
+        serde_json::from_str(text).map_err(LedgerError::Json)
     }
 
     /// Rebuild the ledger from a transcript: the messages as they were sent,
@@ -185,6 +186,16 @@ mod tests {
 
     fn replaced(content: &str) -> Decision {
         Decision::Replaced { content: content.into(), is_error: false }
+    }
+
+    #[test]
+    fn a_ledger_that_is_not_json_says_why_once() {
+        let error = Ledger::from_json("{").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "failed to read the replacement ledger: EOF while parsing an object at line 1 column 1"
+        );
+        assert!(std::error::Error::source(&error).is_none(), "a report of the chain would repeat the reason");
     }
 
     #[test]
