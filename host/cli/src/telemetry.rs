@@ -9,6 +9,8 @@
 //! a logged error, never the run. [`Telemetry::shutdown`] sends what is left
 //! before the process exits.
 
+use std::io::IsTerminal as _;
+
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
@@ -34,8 +36,10 @@ impl Telemetry {
 }
 
 /// Logs go to stderr, so stdout carries only the command's output. The level
-/// comes from `KEEL_LOG` (as in `RUST_LOG`); warnings by default. Spans go
-/// over OTLP whatever that level, when an endpoint is set.
+/// comes from `KEEL_LOG` (as in `RUST_LOG`); warnings by default. They are in
+/// colour only on a terminal, and not when `NO_COLOR` is set: a log file
+/// gets plain text. Spans go over OTLP whatever that level, when an endpoint
+/// is set.
 pub fn init() -> Telemetry {
     let filter = EnvFilter::try_from_env("KEEL_LOG").unwrap_or_else(|_| EnvFilter::new("warn"));
     #[cfg(feature = "otlp")]
@@ -66,7 +70,10 @@ fn dispatch(
     filter: EnvFilter,
     #[cfg(feature = "otlp")] provider: Option<&opentelemetry_sdk::trace::SdkTracerProvider>,
 ) -> tracing::Dispatch {
-    let logs = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false);
+    let colour =
+        std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
+    let logs =
+        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).with_ansi(colour);
     let registry = tracing_subscriber::registry().with(logs.with_filter(filter));
     #[cfg(feature = "otlp")]
     if let Some(provider) = provider {

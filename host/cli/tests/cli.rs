@@ -111,6 +111,20 @@ fn a_bad_plugin_fails_naming_the_file() {
 }
 
 #[test]
+fn logs_to_a_file_are_plain_text() {
+    let workspace = tempfile::tempdir().unwrap();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
+    let mut command = support::keel(workspace.path(), &cache, &["run", "-"]);
+    command.env("KEEL_LOG", "debug").env_remove("NO_COLOR");
+    let batch = r#"[{"type":"tool_use","id":"1","name":"echo","input":{"text":"hi"}}]"#;
+    let output = support::run_with_input(&mut command, batch, KEEL_LIMIT);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains("DEBUG"), "{stderr}");
+    assert!(!stderr.contains('\u{1b}'), "colour codes in a log that is not a terminal: {stderr:?}");
+}
+
+#[test]
 fn a_missing_workspace_fails_naming_it_and_its_reason_once() {
     let dir = tempfile::tempdir().unwrap();
     let output = keel(&["run", "--workspace", "gone", "-"], dir.path(), "[]");
