@@ -99,7 +99,14 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
         anyhow::bail!("no figure is named {only}; the figures: {}", bench::FIGURES.join(", "));
     }
     if !args.json {
-        outln!("{:<58} {:>12} {:>12}  {:<8} {:>7}  target", "figure", "keel", "baseline", "unit", "ratio")?;
+        outln!(
+            "{:<NAME_WIDTH$} {:>12} {:>12}  {:<8} {:>7}  target",
+            "figure",
+            "keel",
+            "baseline",
+            "unit",
+            "ratio"
+        )?;
     }
     // On a terminal, a line on stderr says what is being measured, and for
     // how long; a figure is printed with the line cleared. It is drawn once
@@ -142,14 +149,57 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
     }
 }
 
+/// The width of the table's first column, the figure's name.
+const NAME_WIDTH: usize = 58;
+
+/// A figure as a row of the table. A name wider than its column has a line
+/// of its own, and its numbers go on the next, in their columns.
 fn table_row(figure: &Figure) -> String {
     let target = match (&figure.target, figure.met) {
         (Some(target), Some(true)) => format!("{target} (met)"),
         (Some(target), Some(false)) => format!("{target} (NOT met)"),
         _ => String::new(),
     };
-    format!(
-        "{:<58} {:>12.1} {:>12.1}  {:<8} {:>7.2}  {target}",
-        figure.name, figure.keel, figure.baseline, figure.unit, figure.ratio
-    )
+    let numbers = format!(
+        "{:>12.1} {:>12.1}  {:<8} {:>7.2}  {target}",
+        figure.keel, figure.baseline, figure.unit, figure.ratio
+    );
+    if figure.name.chars().count() > NAME_WIDTH {
+        format!("{}\n{:NAME_WIDTH$} {numbers}", figure.name, "")
+    } else {
+        format!("{:<NAME_WIDTH$} {numbers}", figure.name)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figure(name: &str) -> Figure {
+        let target = Some("ratio <= 1.25".to_string());
+        Figure {
+            name: name.into(),
+            keel: 18.1,
+            baseline: 14.4,
+            unit: "µs",
+            ratio: 1.2569,
+            target,
+            met: Some(false),
+        }
+    }
+
+    #[test]
+    fn a_row_keeps_its_numbers_in_their_columns_whatever_its_name() {
+        let short = table_row(&figure("per_call_overhead (keel / floor)"));
+        assert_eq!(
+            short,
+            "per_call_overhead (keel / floor)                                   18.1         14.4  µs          1.26  \
+             ratio <= 1.25 (NOT met)"
+        );
+        let long =
+            table_row(&figure(&format!("mcp_stdio_round_trip_p50 (keel serve echo / {})", "x".repeat(40))));
+        let (name, numbers) = long.split_once('\n').expect("a long name has a line of its own");
+        assert!(name.starts_with("mcp_stdio_round_trip_p50 (keel serve echo / xxx"), "{long}");
+        assert_eq!(numbers, format!("{:NAME_WIDTH$}{}", "", &short[NAME_WIDTH..]));
+    }
 }
