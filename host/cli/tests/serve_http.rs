@@ -119,14 +119,23 @@ fn only_a_request_with_the_right_token_reaches_the_tools() {
     std::fs::write(&token, "s3cret-token\n").unwrap();
     let server = serve(workspace.path(), &["--token-file", token.to_str().unwrap()]);
     let echo = json!({ "text": "in" });
-    for authorization in
-        [None, Some("Bearer wrong-token"), Some("Bearer s3cret-toke"), Some("Basic s3cret-token")]
-    {
+    let required = ("a bearer token is required: Authorization: Bearer TOKEN\n", "Bearer realm=\"keel\"");
+    let wrong = (
+        "the bearer token is not the one this server was given\n",
+        "Bearer realm=\"keel\", error=\"invalid_token\"",
+    );
+    for (authorization, (body, challenge)) in [
+        (None, required),
+        (Some("Basic s3cret-token"), required),
+        (Some("Bearer wrong-token"), wrong),
+        (Some("Bearer s3cret-toke"), wrong),
+    ] {
         let extra: Vec<(&str, &str)> =
             authorization.map(|value| ("authorization", value)).into_iter().collect();
         let reply = stateless_call(server.addr, &extra, "echo", &echo);
         assert_eq!(reply.status, 401, "{authorization:?}: {}", reply.body);
-        assert!(reply.header("www-authenticate").is_some_and(|value| value.starts_with("Bearer")));
+        assert_eq!(reply.body, body, "{authorization:?}");
+        assert_eq!(reply.header("www-authenticate"), Some(challenge), "{authorization:?}");
     }
     let reply = stateless_call(server.addr, &[("authorization", "Bearer s3cret-token")], "echo", &echo);
     assert_eq!(reply.status, 200, "{}", reply.body);

@@ -534,16 +534,26 @@ where
     if path != MCP_PATH && metrics.is_none() {
         return plain(StatusCode::NOT_FOUND, format!("not found: keel serves MCP on {MCP_PATH}\n"));
     }
-    if let Some(token) = token
-        && !bearer_matches(request.headers().get(header::AUTHORIZATION), token)
-    {
-        let mut response =
-            plain(StatusCode::UNAUTHORIZED, "a bearer token is required: Authorization: Bearer TOKEN\n");
-        response.headers_mut().insert(
-            header::WWW_AUTHENTICATE,
-            header::HeaderValue::from_static("Bearer realm=\"keel\", error=\"invalid_token\""),
-        );
-        return response;
+    if let Some(token) = token {
+        // As RFC 6750 answers them: a request with no bearer token is told
+        // one is needed, without an error code; a wrong one is
+        // `invalid_token`.
+        let (text, challenge) = match bearer(request.headers().get(header::AUTHORIZATION), token) {
+            Bearer::Right => ("", ""),
+            Bearer::Missing => {
+                ("a bearer token is required: Authorization: Bearer TOKEN\n", "Bearer realm=\"keel\"")
+            }
+            Bearer::Wrong => (
+                "the bearer token is not the one this server was given\n",
+                "Bearer realm=\"keel\", error=\"invalid_token\"",
+            ),
+        };
+        if !text.is_empty() {
+            let mut response = plain(StatusCode::UNAUTHORIZED, text);
+            let challenge = header::HeaderValue::from_static(challenge);
+            response.headers_mut().insert(header::WWW_AUTHENTICATE, challenge);
+            return response;
+        }
     }
     if let Some((endpoint, hosts)) = metrics {
         return metrics_response(endpoint, hosts, &request);
@@ -554,14 +564,26 @@ where
     }
 }
 
-/// Whether `value` is `Bearer <token>`, compared in constant time.
-fn bearer_matches(value: Option<&header::HeaderValue>, token: &[u8]) -> bool {
-    let Some(value) = value else { return false };
-    let bytes = value.as_bytes();
-    let Some(given) = bytes.strip_prefix(b"Bearer ").or_else(|| bytes.strip_prefix(b"bearer ")) else {
-        return false;
-    };
-    given.ct_eq(token).into()
+/// What an `Authorization` header holds, against the server's token.
+#[derive(Debug, PartialEq)]
+enum Bearer {
+    /// No header, or another scheme than `Bearer`.
+    Missing,
+    /// A bearer token that is not the server's.
+    Wrong,
+    /// The server's token.
+    Right,
+}
+
+/// Whether `value` is `Bearer <token>` (the scheme in any case, as RFC 7235
+/// has it), the token compared in constant time.
+fn bearer(value: Option<&header::HeaderValue>, token: &[u8]) -> Bearer {
+    let Some(bytes) = value.map(header::HeaderValue::as_bytes) else { return Bearer::Missing };
+    let Some((scheme, given)) = bytes.split_at_checked(7) else { return Bearer::Missing };
+    if !scheme.eq_ignore_ascii_case(b"bearer ") {
+        return Bearer::Missing;
+    }
+    if bool::from(given.ct_eq(token)) { Bearer::Right } else { Bearer::Wrong }
 }
 
 /// Whether the `Host` header names one of `hosts` (a name alone allows it
@@ -637,12 +659,20 @@ mod tests {
 
     #[test]
     fn only_the_exact_bearer_token_matches() {
-        let value = |text: &str| header::HeaderValue::from_str(text).unwrap();
-        assert!(bearer_matches(Some(&value("Bearer s3cret")), b"s3cret"));
-        assert!(!bearer_matches(Some(&value("Bearer s3cre")), b"s3cret"));
-        assert!(!bearer_matches(Some(&value("Bearer s3cret2")), b"s3cret"));
-        assert!(!bearer_matches(Some(&value("Basic s3cret")), b"s3cret"));
-        assert!(!bearer_matches(Some(&value("s3cret")), b"s3cret"));
-        assert!(!bearer_matches(None, b"s3cret"));
+        let bearer = |text: Option<&str>| {
+            let value = text.map(|text| header::HeaderValue::from_str(text).unwrap());
+            bearer(value.as_ref(), b"s3cret")
+        };
+        assert_eq!(bearer(Some("Bearer s3cret")), Bearer::Right);
+        assert_eq!(bearer(Some("bearer s3cret")), Bearer::Right);
+        assert_eq!(bearer(Some("BEARER s3cret")), Bearer::Right, "the scheme is in any case");
+        assert_eq!(bearer(Some("Bearer s3cre")), Bearer::Wrong);
+        assert_eq!(bearer(Some("Bearer s3cret2")), Bearer::Wrong);
+        assert_eq!(bearer(Some("Bearer S3CRET")), Bearer::Wrong, "the token is not");
+        assert_eq!(bearer(Some("Bearer ")), Bearer::Wrong);
+        assert_eq!(bearer(Some("Basic s3cret")), Bearer::Missing);
+        assert_eq!(bearer(Some("s3cret")), Bearer::Missing);
+        assert_eq!(bearer(Some("Bearers3cret")), Bearer::Missing);
+        assert_eq!(bearer(None), Bearer::Missing);
     }
 }
