@@ -63,9 +63,11 @@ pub enum Error {
         /// Where the entry says it came from.
         source_of: String,
     },
-    /// A plugin could not be fetched from an OCI registry.
-    #[error("failed to pull {reference}: {reason}")]
+    /// A plugin could not be pulled from an OCI registry, or pushed to one.
+    #[error("failed to {action} {reference}: {reason}")]
     Registry {
+        /// What was being done: "pull" or "push".
+        action: &'static str,
         /// The `oci://` reference.
         reference: String,
         /// What went wrong.

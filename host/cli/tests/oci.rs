@@ -166,6 +166,9 @@ fn credentials_reach_the_registry_and_never_a_log() {
     // Refused without credentials.
     let output = project.keel(&mut project.command(&["publish", &tag, echo.to_str().unwrap()]));
     assert!(!output.status.success(), "the registry takes anonymous pushes");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.starts_with(&format!("error: failed to push {tag}: ")), "{stderr}");
+    assert!(stderr.contains("(credentials: KEEL_REGISTRY_USERNAME and KEEL_REGISTRY_PASSWORD,"), "{stderr}");
 
     // From the environment, logging everything.
     let mut publish = project.command(&["publish", &tag, echo.to_str().unwrap()]);

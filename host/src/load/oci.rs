@@ -98,7 +98,8 @@ impl Registries {
     /// Pull the component `reference` names (`oci://…`), or find it where
     /// it was kept; its tag resolved as `resolve` says.
     pub async fn pull(&self, reference: &str, resolve: Resolve<'_>) -> Result<Pulled> {
-        let fail = |reason: String| Error::Registry { reference: reference.to_owned(), reason };
+        let fail =
+            |reason: String| Error::Registry { action: "pull", reference: reference.to_owned(), reason };
         let parsed = parse(reference).map_err(fail)?;
         let digest = match (parsed.digest(), resolve) {
             (_, Resolve::Pinned(digest)) => digest.to_owned(),
@@ -115,7 +116,8 @@ impl Registries {
     /// Push the component `bytes` to `reference` (`oci://…:TAG`) as a
     /// WebAssembly artifact; the manifest's digest.
     pub async fn push(&self, reference: &str, bytes: Vec<u8>) -> Result<String> {
-        let fail = |reason: String| Error::Registry { reference: reference.to_owned(), reason };
+        let fail =
+            |reason: String| Error::Registry { action: "push", reference: reference.to_owned(), reason };
         let parsed = parse(reference).map_err(fail)?;
         let layer_digest = format!("sha256:{}", sha256_hex(&bytes));
         let config = serde_json::json!({
@@ -276,17 +278,30 @@ fn is_loopback(registry: &str) -> bool {
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
-/// The error of the client, in one line. It never holds credentials: the
-/// client sends them in headers, which its errors do not quote.
+/// The error of the client, in one line; a refusal for want of credentials
+/// says where keel takes them from. It never holds credentials: the client
+/// sends them in headers, which its errors do not quote.
 fn describe(error: &oci_client::errors::OciDistributionError) -> String {
+    use oci_client::errors::OciDistributionError as E;
     let mut text = error.to_string();
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
         text = format!("{text}: {cause}");
         source = cause.source();
     }
+    if matches!(
+        error,
+        E::UnauthorizedError { .. } | E::AuthenticationFailure(_) | E::ServerError { code: 401 | 403, .. }
+    ) {
+        text.push_str(CREDENTIALS_HINT);
+    }
     text
 }
+
+/// Where a refused request's credentials come from (README, "Plugins from
+/// registries").
+const CREDENTIALS_HINT: &str = " (credentials: KEEL_REGISTRY_USERNAME and KEEL_REGISTRY_PASSWORD, \
+                                else the registry's entry in the Docker configuration file)";
 
 /// The credentials for `registry`: the environment's, else the Docker
 /// configuration file's.
