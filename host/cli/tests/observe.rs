@@ -176,6 +176,9 @@ fn trace_timeline_and_stats_leave_stdout_as_it_was() {
     );
     assert_eq!(String::from_utf8_lossy(&observed.stdout), String::from_utf8_lossy(&plain.stdout));
     assert!(trace.is_file() && timeline.is_file());
+    let names: Vec<_> =
+        std::fs::read_dir(workspace.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    assert!(!names.iter().any(|name| name.to_string_lossy().starts_with('.')), "left behind: {names:?}");
 
     // Without --stats: one line, the summary.
     let stderr = String::from_utf8(plain.stderr).unwrap();
@@ -231,7 +234,13 @@ fn a_trace_that_cannot_be_written_stops_the_run_before_it_starts_naming_the_path
     assert_eq!(output.status.code(), Some(1));
     assert!(output.stdout.is_empty());
     let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.starts_with("error: failed to write trace no/such/dir/t.json: "), "{stderr}");
+    assert_eq!(
+        stderr,
+        "error: failed to write trace no/such/dir/t.json: No such file or directory (os error 2)\n"
+    );
+    let left: Vec<_> =
+        std::fs::read_dir(workspace.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    assert!(!left.iter().any(|name| name.to_string_lossy().starts_with(".keel-")), "{left:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

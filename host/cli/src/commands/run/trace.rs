@@ -115,17 +115,24 @@ fn figures_args(placed: &Placed<'_>) -> Value {
 }
 
 /// Check that a file can be made beside `path` (so that a run does not go
-/// to waste on a trace it cannot write), naming `path` when it cannot.
+/// to waste on a trace it cannot write), naming `path` and the system's
+/// reason when it cannot.
 pub fn check_writable(path: &Path, what: &str) -> Result<()> {
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
-    tempfile::Builder::new()
-        .prefix(".keel-")
-        .tempfile_in(dir)
-        .with_context(|| format!("failed to write {what} {}", path.display()))?;
-    Ok(())
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let probe = dir.join(format!(".keel-{}-{}.probe", std::process::id(), nanos.subsec_nanos()));
+    match std::fs::OpenOptions::new().write(true).create_new(true).open(&probe) {
+        Ok(_) => {
+            let _ = std::fs::remove_file(&probe);
+            Ok(())
+        }
+        // Not ours, but the directory holds files.
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        Err(error) => Err(error).with_context(|| format!("failed to write {what} {}", path.display())),
+    }
 }
 
 /// Write `contents` to `path` atomically: a reader sees the old file or
