@@ -278,7 +278,12 @@ impl HostBuilder {
         let mut listed = Ok(());
         for path in &self.plugin_paths {
             match plugin_files(path) {
-                Ok(found) => files.extend(found),
+                Ok(found) => {
+                    if found.is_empty() {
+                        tracing::warn!("{} holds no plugin: no .wasm file in it", path.display());
+                    }
+                    files.extend(found);
+                }
                 Err(error) => {
                     listed = Err(error);
                     break;

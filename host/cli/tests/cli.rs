@@ -125,6 +125,17 @@ fn logs_to_a_file_are_plain_text() {
 }
 
 #[test]
+fn a_plugin_directory_without_a_plugin_is_named_in_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir(dir.path().join("tools")).unwrap();
+    std::fs::write(dir.path().join("tools/README.md"), "not a plugin").unwrap();
+    let output = keel(&["run", "--plugins", "tools", "-"], dir.path(), "[]");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(stderr.contains(" WARN tools holds no plugin: no .wasm file in it\n"), "{stderr}");
+}
+
+#[test]
 fn a_missing_workspace_fails_naming_it_and_its_reason_once() {
     let dir = tempfile::tempdir().unwrap();
     let output = keel(&["run", "--workspace", "gone", "-"], dir.path(), "[]");
