@@ -515,6 +515,38 @@ fn a_thousand_requests_written_at_once_are_each_answered_exactly_once() {
     raw.close();
 }
 
+#[test]
+fn a_request_with_bad_params_or_an_unknown_method_gets_the_error_that_says_which() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(workspace.path(), &[]);
+    raw.send_all(&[
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": { "name": "echo", "arguments": "hi" } }),
+        json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": { "arguments": {} } }),
+        json!({ "jsonrpc": "2.0", "id": 3, "method": "prompts/get", "params": { "title": 7 } }),
+        json!({ "jsonrpc": "2.0", "id": 4, "method": "tools/explode", "params": {} }),
+        tools_call(5, "echo", &json!({ "text": "after" })),
+    ]);
+    let mut answers = BTreeMap::new();
+    while answers.len() < 5 {
+        let answer = raw.next();
+        answers.insert(answer["id"].as_u64().unwrap(), answer);
+    }
+    let error =
+        |id: u64| (answers[&id]["error"]["code"].as_i64().unwrap(), answers[&id]["error"]["message"].clone());
+    assert_eq!(
+        error(1),
+        (-32602, json!("invalid params of tools/call: invalid type: string \"hi\", expected a map"))
+    );
+    assert_eq!(error(2), (-32602, json!("invalid params of tools/call: missing field `name`")));
+    assert_eq!(
+        error(3),
+        (-32602, json!("invalid params of prompts/get: they are not those MCP defines for it"))
+    );
+    assert_eq!(error(4), (-32601, json!("method not found: tools/explode")));
+    assert_eq!(raw_text(&answers[&5]), ("after", false));
+    raw.close();
+}
+
 /// A server's plugins run on the one engine that loaded them: its host,
 /// given them loaded, makes no engine of its own, whose pools and epoch
 /// thread would cost every start and wake an idle server.

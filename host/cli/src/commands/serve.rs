@@ -505,7 +505,11 @@ impl ServerHandler for Server {
                 None,
             ));
         }
-        Err(ErrorData::new(rmcp::model::ErrorCode::METHOD_NOT_FOUND, request.method, None))
+        if let Some(why) = invalid_params(&request.method, request.params) {
+            return Err(ErrorData::invalid_params(why, None));
+        }
+        let message = format!("method not found: {}", request.method);
+        Err(ErrorData::new(rmcp::model::ErrorCode::METHOD_NOT_FOUND, message, None))
     }
 
     async fn list_tools(
@@ -643,6 +647,41 @@ fn annotations(spec: &ToolSpec, always_read_only: bool, grants: &Grants) -> Opti
         (false, true) => annotations.read_only(true),
         (false, false) => annotations.read_only(true).destructive(false),
     })
+}
+
+/// Why the params of `method` are not those MCP defines for it, when MCP
+/// defines it: rmcp passes such a request on as one of a method it does not
+/// know, where the client is owed an invalid-params error naming what is
+/// wrong. `None` for a method MCP does not define.
+fn invalid_params(method: &str, params: Option<Value>) -> Option<String> {
+    use rmcp::model::{
+        CallToolRequestMethod, CompleteRequestMethod, ConstString, GetPromptRequestMethod,
+        InitializeResultMethod, ListPromptsRequestMethod, ListResourceTemplatesRequestMethod,
+        ListResourcesRequestMethod, ListToolsRequestMethod, PingRequestMethod, ReadResourceRequestMethod,
+        SetLevelRequestMethod, SubscribeRequestMethod, UnsubscribeRequestMethod,
+    };
+    const DEFINED: [&str; 13] = [
+        InitializeResultMethod::VALUE,
+        PingRequestMethod::VALUE,
+        ListToolsRequestMethod::VALUE,
+        SetLevelRequestMethod::VALUE,
+        ListResourcesRequestMethod::VALUE,
+        ListResourceTemplatesRequestMethod::VALUE,
+        ReadResourceRequestMethod::VALUE,
+        SubscribeRequestMethod::VALUE,
+        UnsubscribeRequestMethod::VALUE,
+        ListPromptsRequestMethod::VALUE,
+        GetPromptRequestMethod::VALUE,
+        CompleteRequestMethod::VALUE,
+        CallToolRequestMethod::VALUE,
+    ];
+    if method == CallToolRequestMethod::VALUE {
+        let error = serde_json::from_value::<CallToolRequestParams>(params.unwrap_or(Value::Null)).err()?;
+        return Some(format!("invalid params of {method}: {error}"));
+    }
+    DEFINED
+        .contains(&method)
+        .then(|| format!("invalid params of {method}: they are not those MCP defines for it"))
 }
 
 /// The least of keel's levels that an MCP level asks for.
