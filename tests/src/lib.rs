@@ -25,6 +25,20 @@ impl Log {
     pub fn text(&self) -> String {
         String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
     }
+
+    /// Run `f` with a subscriber on this thread that writes its events
+    /// (`INFO` and above) here as plain text: no time, target or colour,
+    /// with the spans they are in.
+    pub fn capture<T>(&self, f: impl FnOnce() -> T) -> T {
+        let writer = self.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_ansi(false)
+            .without_time()
+            .with_target(false)
+            .finish();
+        tracing::subscriber::with_default(subscriber, f)
+    }
 }
 
 impl std::io::Write for Log {

@@ -973,18 +973,9 @@ mod tests {
     #[test]
     fn captured_output_is_logged_tagged_with_the_plugin_and_what_was_dropped() {
         let log = keel_tests::Log::default();
-        let writer = log.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .without_time()
-            .with_target(false)
-            .finish();
         let capture = Capture::new(8);
         capture.push(b"hello, host\n");
-        tracing::subscriber::with_default(subscriber, || {
-            log_captured("grep", "stdout", &capture, &Scrubber::default())
-        });
+        log.capture(|| log_captured("grep", "stdout", &capture, &Scrubber::default()));
         assert_eq!(
             log.text(),
             " INFO hello, h plugin=\"grep\" stream=\"stdout\"\n \

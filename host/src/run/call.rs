@@ -466,14 +466,7 @@ mod tests {
     #[test]
     fn a_step_dropped_unfinished_drops_its_work_inside_its_span() {
         let log = keel_tests::Log::default();
-        let writer = log.clone();
-        let subscriber = tracing_subscriber::fmt()
-            .with_writer(move || writer.clone())
-            .with_ansi(false)
-            .without_time()
-            .with_target(false)
-            .finish();
-        tracing::subscriber::with_default(subscriber, || {
+        log.capture(|| {
             let call = tracing::info_span!("call");
             let mut recorder = Recorder::new(0);
             let mut steps = Steps { recorder: &mut recorder, span: &call };
