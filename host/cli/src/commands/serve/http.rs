@@ -538,17 +538,17 @@ where
         // As RFC 6750 answers them: a request with no bearer token is told
         // one is needed, without an error code; a wrong one is
         // `invalid_token`.
-        let (text, challenge) = match bearer(request.headers().get(header::AUTHORIZATION), token) {
-            Bearer::Right => ("", ""),
+        let refused = match bearer(request.headers().get(header::AUTHORIZATION), token) {
+            Bearer::Right => None,
             Bearer::Missing => {
-                ("a bearer token is required: Authorization: Bearer TOKEN\n", "Bearer realm=\"keel\"")
+                Some(("a bearer token is required: Authorization: Bearer TOKEN\n", "Bearer realm=\"keel\""))
             }
-            Bearer::Wrong => (
+            Bearer::Wrong => Some((
                 "the bearer token is not the one this server was given\n",
                 "Bearer realm=\"keel\", error=\"invalid_token\"",
-            ),
+            )),
         };
-        if !text.is_empty() {
+        if let Some((text, challenge)) = refused {
             let mut response = plain(StatusCode::UNAUTHORIZED, text);
             let challenge = header::HeaderValue::from_static(challenge);
             response.headers_mut().insert(header::WWW_AUTHENTICATE, challenge);
