@@ -108,9 +108,12 @@ pub fn user_message(results: &[ToolResult]) -> Value {
 }
 
 /// Read a batch: a JSON array of `tool_use` blocks, or an assistant message
-/// whose `content` holds them (other blocks, such as text, are skipped).
-/// `origin` names the source in errors. Inputs larger than the default
-/// [`Limits::input`] fail their call; see [`parse_batch_with_limit`].
+/// whose `content` holds them (other blocks, such as text, are skipped). An
+/// OpenAI Chat Completions assistant message is read too: each of its
+/// `tool_calls` (`{"id", "type": "function", "function": {"name",
+/// "arguments"}}`) is a call, its `arguments` the input; so is such a call
+/// in an array. `origin` names the source in errors. Inputs larger than the
+/// default [`Limits::input`] fail their call; see [`parse_batch_with_limit`].
 pub fn parse_batch(text: &str, origin: &str) -> Result<Vec<ToolUse>> {
     parse_batch_with_limit(text, origin, Limits::default().input)
 }
@@ -133,8 +136,14 @@ pub fn parse_batch_bytes(bytes: &[u8], origin: &str, max_input: usize) -> Result
 pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Result<Vec<ToolUse>> {
     let fail = |reason: String| Error::Batch { origin: origin.to_string(), reason };
     let not_json = |error: serde_json::Error| fail(format!("not valid JSON: {error}"));
-    let (blocks, from_message): (Vec<&RawValue>, bool) = match text.trim_start().as_bytes().first() {
-        Some(b'[') => (serde_json::from_str(text).map_err(not_json)?, false),
+    // The list the calls are in, as errors name it, and whether entries
+    // that are not calls (a message's text blocks) are skipped.
+    let (blocks, list, from_message): (Vec<&RawValue>, &str, bool) = match text
+        .trim_start()
+        .as_bytes()
+        .first()
+    {
+        Some(b'[') => (serde_json::from_str(text).map_err(not_json)?, "content", false),
         Some(b'{') => {
             let message: HashMap<String, &RawValue> = serde_json::from_str(text).map_err(not_json)?;
             if let Some(role) = message.get("role").map(|raw| parse_value(raw))
@@ -145,9 +154,13 @@ pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Res
                     "the message has role `{role}`; tool_use blocks come from `assistant`"
                 )));
             }
-            match message.get("content").map(|raw| serde_json::from_str::<Vec<&RawValue>>(raw.get())) {
-                Some(Ok(blocks)) => (blocks, true),
-                _ => return Err(fail("the message has no `content` array".into())),
+            let array =
+                |name: &str| message.get(name).map(|raw| serde_json::from_str::<Vec<&RawValue>>(raw.get()));
+            match (array("tool_calls"), array("content")) {
+                (Some(Ok(calls)), _) => (calls, "tool_calls", false),
+                (Some(Err(_)), _) => return Err(fail("the message's `tool_calls` is not an array".into())),
+                (None, Some(Ok(blocks))) => (blocks, "content", true),
+                (None, _) => return Err(fail("the message has no `content` array nor `tool_calls`".into())),
             }
         }
         _ => {
@@ -158,21 +171,36 @@ pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Res
     let mut uses = Vec::new();
     let mut seen = HashSet::new();
     for (index, block) in blocks.iter().enumerate() {
-        let at = |reason: &str| fail(format!("content[{index}]: {reason}"));
+        let at = |reason: &str| fail(format!("{list}[{index}]: {reason}"));
         let Ok(block) = serde_json::from_str::<HashMap<String, &RawValue>>(block.get()) else {
             return Err(at("expected a JSON object"));
         };
         let field = |name: &str| block.get(name).map(|raw| parse_value(raw).unwrap_or(Value::Null));
-        match field("type") {
-            Some(Value::String(kind)) if kind == "tool_use" => {}
-            None if !from_message => {}
+        // A `tool_use` block holds its name and input; an OpenAI call, its
+        // `function`.
+        let function: Option<HashMap<String, &RawValue>> = match field("type") {
+            Some(Value::String(kind)) if kind == "tool_use" => None,
+            Some(Value::String(kind)) if kind == "function" => {
+                let function = block.get("function").map(|raw| serde_json::from_str(raw.get()));
+                let Some(Ok(function)) = function else {
+                    return Err(at("a function call's `function` must be an object"));
+                };
+                Some(function)
+            }
+            None if !from_message => None,
             _ if from_message => continue,
             Some(Value::String(other)) => {
-                return Err(at(&format!("expected a tool_use block, found type `{other}`")));
+                return Err(at(&format!(
+                    "expected a tool_use block or a function call, found type `{other}`"
+                )));
             }
             Some(_) => return Err(at("`type` must be a string")),
             None => unreachable!("covered above"),
-        }
+        };
+        let (holder, input_key) = match &function {
+            Some(function) => (function, "arguments"),
+            None => (&block, "input"),
+        };
         let id = match field("id") {
             Some(Value::String(id)) if !id.is_empty() => id,
             _ => return Err(at("`id` must be a non-empty string")),
@@ -180,14 +208,14 @@ pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Res
         if !seen.insert(id.clone()) {
             return Err(at(&format!("duplicate tool_use id `{id}`")));
         }
-        let name = match field("name") {
-            Some(Value::String(name)) => name,
+        let name = match holder.get("name").map(|raw| parse_value(raw)) {
+            Some(Ok(Value::String(name))) => name,
             _ => return Err(at("`name` must be a string")),
         };
-        let input = match block.get("input") {
+        let input = match holder.get(input_key) {
             None => Ok(json!({})),
             Some(raw) if raw.get().len() > max_input => {
-                Err(input_too_large(max_input, &format!("the input of content[{index}]"), raw.get().len()))
+                Err(input_too_large(max_input, &format!("the input of {list}[{index}]"), raw.get().len()))
             }
             Some(raw) => match parse_value(raw) {
                 // Some agents pass the input as the model's raw JSON text.
@@ -226,6 +254,52 @@ mod tests {
         assert_eq!(
             parse_batch(text, "m.json").unwrap(),
             vec![ToolUse::new("a", "Read", json!({ "file_path": "x" }))]
+        );
+    }
+
+    #[test]
+    fn reads_an_openai_assistant_message_and_its_calls_in_an_array() {
+        let message = r#"{"role":"assistant","content":null,"tool_calls":[
+            {"id":"call_1","type":"function","function":{"name":"grep","arguments":"{\"pattern\":\"x\"}"}},
+            {"id":"call_2","type":"function","function":{"name":"echo","arguments":"{\"text\": "}}]}"#;
+        let uses = parse_batch(message, "m.json").unwrap();
+        assert_eq!(uses[0], ToolUse::new("call_1", "grep", json!({ "pattern": "x" })));
+        assert_eq!((uses[1].id.as_str(), uses[1].name.as_str()), ("call_2", "echo"));
+        let error = uses[1].input.clone().unwrap_err();
+        assert!(
+            error.starts_with("the input is not valid JSON: "),
+            "broken arguments fail their call: {error}"
+        );
+
+        let array = r#"[{"id":"c","type":"function","function":{"name":"wc","arguments":{"path":"a"}}},
+            {"type":"tool_use","id":"t","name":"echo","input":{}}]"#;
+        assert_eq!(
+            parse_batch(array, "a.json").unwrap(),
+            vec![ToolUse::new("c", "wc", json!({ "path": "a" })), ToolUse::new("t", "echo", json!({}))]
+        );
+
+        let error = |text: &str| parse_batch(text, "m.json").unwrap_err().to_string();
+        assert_eq!(
+            error(r#"{"role":"assistant","tool_calls":[{"id":"c","type":"custom","custom":{}}]}"#),
+            "failed to read batch m.json: tool_calls[0]: expected a tool_use block or a function call, found type `custom`"
+        );
+        assert_eq!(
+            error(
+                r#"{"role":"assistant","tool_calls":[{"id":"c","type":"function","function":{"arguments":"{}"}}]}"#
+            ),
+            "failed to read batch m.json: tool_calls[0]: `name` must be a string"
+        );
+        assert_eq!(
+            error(r#"{"role":"assistant","tool_calls":[{"id":"c","type":"function"}]}"#),
+            "failed to read batch m.json: tool_calls[0]: a function call's `function` must be an object"
+        );
+        assert_eq!(
+            error(r#"{"role":"assistant","tool_calls":{}}"#),
+            "failed to read batch m.json: the message's `tool_calls` is not an array"
+        );
+        assert_eq!(
+            error(r#"{"role":"assistant","content":"hi"}"#),
+            "failed to read batch m.json: the message has no `content` array nor `tool_calls`"
         );
     }
 

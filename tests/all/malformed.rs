@@ -54,7 +54,7 @@ fn nesting_10000_deep_is_refused_without_overflowing_the_stack() {
     assert_eq!(batch_error(&deep), "failed to read batch b.json: content[0]: expected a JSON object");
     let deep_object = format!("{}1{}", "{\"a\":".repeat(10_000), "}".repeat(10_000));
     let error = batch_error(&deep_object);
-    assert_eq!(error, "failed to read batch b.json: the message has no `content` array");
+    assert_eq!(error, "failed to read batch b.json: the message has no `content` array nor `tool_calls`");
 
     let workspace = tempfile::tempdir().unwrap();
     let host = host(workspace.path());

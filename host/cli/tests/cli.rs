@@ -397,6 +397,21 @@ fn images_and_structured_values_print_as_tool_result_content() {
 }
 
 #[test]
+fn an_openai_assistant_message_runs_and_its_results_go_back_as_tool_messages() {
+    let workspace = tempfile::tempdir().unwrap();
+    let message = r#"{"role":"assistant","content":null,"tool_calls":[
+        {"id":"call_a","type":"function","function":{"name":"echo","arguments":"{\"text\":\"hi\"}"}},
+        {"id":"call_b","type":"function","function":{"name":"echo","arguments":"{\"text\":"}}]}"#;
+    let output = keel(&["run", "--format", "openai", "-"], workspace.path(), message);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let messages: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(messages[0], serde_json::json!({ "role": "tool", "tool_call_id": "call_a", "content": "hi" }));
+    assert_eq!(messages[1]["tool_call_id"], "call_b");
+    let broken = messages[1]["content"].as_str().unwrap();
+    assert!(broken.starts_with("Invalid input for echo: the input is not valid JSON: "), "{broken}");
+}
+
+#[test]
 fn the_openai_format_carries_the_text_and_names_a_left_out_image() {
     let messages = run_rich(&["--format", "openai"], RICH_BATCH);
     assert_eq!(messages[0]["role"], "tool");
