@@ -54,7 +54,7 @@ enum Command {
     Test(commands::test::TestArgs),
     /// Print the tool definitions exactly as an agent sends them to a model.
     List(commands::list::ListArgs),
-    /// Serve the tools over the Model Context Protocol on stdin and stdout.
+    /// Serve the tools over the Model Context Protocol, on stdio or streamable HTTP.
     Serve(commands::serve::ServeArgs),
     /// Show one plugin as keel sees it: metadata, schema, answers, grants.
     Inspect(commands::inspect::InspectArgs),

@@ -136,3 +136,52 @@ fn refuses_a_taken_directory_a_bad_name_and_a_missing_sdk() {
     );
     assert!(!dir.path().join("t").exists(), "nothing is created when it fails");
 }
+
+#[test]
+fn refuses_a_path_that_is_a_file() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("file"), "").unwrap();
+    assert_eq!(
+        failed(&keel(&["new", "t", "--path", "file"], dir.path()).output().unwrap()),
+        "error: file exists and is not a directory; choose another directory with --path\n"
+    );
+}
+
+/// `keel new` run with a limit on the size of the files it may write, so
+/// that its first write larger than a kilobyte fails (EFBIG; the signal the
+/// limit sends is ignored), after smaller ones have succeeded.
+fn keel_new_with_file_limit(args: &str, cwd: &Path) -> Output {
+    let script = format!("trap '' XFSZ; ulimit -f 1; exec \"$0\" new {args}");
+    Command::new("bash")
+        .args(["-c", &script, env!("CARGO_BIN_EXE_keel")])
+        .current_dir(cwd)
+        .env("KEEL_CACHE_DIR", Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache"))
+        .env_remove("KEEL_LOG")
+        .output()
+        .unwrap()
+}
+
+#[test]
+fn a_crate_that_cannot_be_written_whole_is_not_written_at_all() {
+    let dir = tempfile::tempdir().unwrap();
+    let output = keel_new_with_file_limit("t", dir.path());
+    let stderr = failed(&output);
+    assert!(stderr.starts_with("error: failed to write t/"), "{stderr}");
+    assert!(stderr.contains("File too large"), "{stderr}");
+    assert!(!dir.path().join("t").exists(), "no half-made crate is left");
+
+    // An empty directory given to hold the crate stays as it was.
+    std::fs::create_dir(dir.path().join("empty")).unwrap();
+    failed(&keel_new_with_file_limit("t --path empty", dir.path()));
+    assert_eq!(std::fs::read_dir(dir.path().join("empty")).unwrap().count(), 0);
+
+    // Given the same empty directory without the limit, the crate is made
+    // in it, and nothing of the work is left beside it.
+    succeeded(&keel(&["new", "t", "--path", "empty"], dir.path()).output().unwrap());
+    let mut made: Vec<_> = std::fs::read_dir(dir.path().join("empty"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    made.sort();
+    assert_eq!(made, [".gitignore", "Cargo.toml", "README.md", "src", "tests"]);
+}

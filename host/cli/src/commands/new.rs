@@ -97,9 +97,7 @@ pub fn run(args: &NewArgs) -> Result<()> {
     let name = args.name.as_str();
     check_name(name)?;
     let dir = args.path.clone().unwrap_or_else(|| PathBuf::from(name));
-    if dir.exists() && std::fs::read_dir(&dir).map_or(true, |mut entries| entries.next().is_some()) {
-        bail!("{} already exists and is not empty; choose another directory with --path", dir.display());
-    }
+    check_free(&dir)?;
     let sdk = guest_sdk(args.sdk.as_deref())?;
     let lib = name.replace('-', "_");
     let fill = |template: &str| {
@@ -122,12 +120,7 @@ pub fn run(args: &NewArgs) -> Result<()> {
         (case.join("expected.json"), message),
         (case.join("events.jsonl"), events),
     ];
-    for (file, contents) in files {
-        let path = dir.join(file);
-        let parent = path.parent().expect("every file is in the crate's directory");
-        std::fs::create_dir_all(parent).with_context(|| format!("failed to create {}", parent.display()))?;
-        std::fs::write(&path, contents).with_context(|| format!("failed to write {}", path.display()))?;
-    }
+    create_whole(&dir, &files)?;
 
     let wasm = format!("target/{TARGET}/release/{lib}.wasm");
     outln!("Created the tool `{name}` in {}. Next:\n", dir.display())?;
@@ -142,6 +135,56 @@ pub fn run(args: &NewArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+/// Refuse `dir` unless it is missing or an empty directory.
+fn check_free(dir: &Path) -> Result<()> {
+    let shown = dir.display();
+    match std::fs::read_dir(dir).map(|mut entries| entries.next().is_none()) {
+        Ok(true) => Ok(()),
+        Ok(false) => bail!("{shown} already exists and is not empty; choose another directory with --path"),
+        Err(error) if error.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(_) if !dir.is_dir() => {
+            bail!("{shown} exists and is not a directory; choose another directory with --path")
+        }
+        Err(error) => Err(error).with_context(|| format!("failed to read {shown}")),
+    }
+}
+
+/// Write `files` into `dir` (missing, or an empty directory) whole or not
+/// at all: they are written into a directory of their own inside it, then
+/// moved into place, and a write that fails leaves `dir` as it was.
+fn create_whole(dir: &Path, files: &[(PathBuf, String)]) -> Result<()> {
+    let created = !dir.exists();
+    std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
+    let staging = dir.join(format!(".keel-new-{}", std::process::id()));
+    let written = std::fs::create_dir(&staging)
+        .with_context(|| format!("failed to create {}", staging.display()))
+        .and_then(|()| {
+            files.iter().try_for_each(|(file, contents)| {
+                let path = staging.join(file);
+                let parent = path.parent().expect("every file is in the crate's directory");
+                std::fs::create_dir_all(parent)
+                    .with_context(|| format!("failed to create {}", dir.join(file).display()))?;
+                std::fs::write(&path, contents)
+                    .with_context(|| format!("failed to write {}", dir.join(file).display()))
+            })
+        });
+    if let Err(error) = written {
+        let _ = std::fs::remove_dir_all(&staging);
+        if created {
+            let _ = std::fs::remove_dir(dir);
+        }
+        return Err(error);
+    }
+    // Moves within one directory: each is a rename.
+    let top: std::collections::BTreeSet<_> =
+        files.iter().filter_map(|(file, _)| file.iter().next()).collect();
+    for entry in top {
+        std::fs::rename(staging.join(entry), dir.join(entry))
+            .with_context(|| format!("failed to create {}", dir.join(entry).display()))?;
+    }
+    std::fs::remove_dir(&staging).with_context(|| format!("failed to remove {}", staging.display()))
 }
 
 fn check_name(name: &str) -> Result<()> {
