@@ -63,6 +63,12 @@ pub enum Error {
         /// Where the entry says it came from.
         source_of: String,
     },
+    /// `--locked` was asked for, and there is no lock.
+    #[error("--locked needs a lock, and there is none at {}; run `keel lock` to write one", lock.display())]
+    NoLock {
+        /// Where the lock was looked for.
+        lock: PathBuf,
+    },
     /// A plugin could not be pulled from an OCI registry, or pushed to one.
     #[error("failed to {action} {reference}: {reason}")]
     Registry {

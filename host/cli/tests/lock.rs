@@ -56,6 +56,17 @@ fn listed(stdout: &str) -> Vec<String> {
 }
 
 #[test]
+fn keel_lock_says_how_many_plugins_it_pinned() {
+    let project = Project::new(&["echo"]);
+    let mut lock =
+        support::keel(project.path(), &project.path().join("cache"), &["lock", "--plugins", "tools"]);
+    let output = support::run(&mut lock, std::time::Duration::from_secs(120));
+    assert!(output.status.success());
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(stderr.ends_with("keel.lock: 1 plugin pinned\n"), "{stderr}");
+}
+
+#[test]
 fn keel_lock_records_name_source_digest_and_contract_of_every_plugin() {
     let project = Project::new(&["echo", "grep"]);
     project.keel_ok(&["lock", "--plugins", "tools"]);
@@ -125,7 +136,13 @@ fn a_plugin_the_lock_pins_by_name_is_refused_from_another_file_with_other_bytes(
 fn locked_refuses_a_plugin_the_lock_does_not_name_and_an_entry_whose_plugin_is_missing() {
     let project = Project::new(&["echo", "grep"]);
     let stderr = project.keel_fails(&["list", "--plugins", "tools", "--locked"]);
-    assert!(stderr.contains("--locked needs a lock; run `keel lock` to write one"), "{stderr}");
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: --locked needs a lock, and there is none at {}; run `keel lock` to write one",
+            project.path().join("keel.lock").display()
+        )
+    );
     project.keel_ok(&["lock", "--plugins", "tools"]);
     let lock = project.path().join("keel.lock").canonicalize().unwrap();
 

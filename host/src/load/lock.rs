@@ -169,10 +169,7 @@ impl Pins {
         plugins: &PluginsConfig,
     ) -> Result<Self> {
         if locked && lock.is_none() {
-            return Err(Error::Config {
-                path: lock_path,
-                reason: "--locked needs a lock; run `keel lock` to write one".into(),
-            });
+            return Err(Error::NoLock { lock: lock_path });
         }
         let mut by_name = BTreeMap::new();
         for (pattern, section) in plugins {

@@ -38,6 +38,10 @@ pub fn run(args: &LockArgs) -> Result<()> {
     }
     let lock = Lock::new(entries);
     lock.write(pins.lock_path())?;
-    eprintln!("wrote {}: {} plugins pinned", pins.lock_path().display(), lock.plugins.len());
+    let pinned = match lock.plugins.len() {
+        1 => "1 plugin".to_owned(),
+        n => format!("{n} plugins"),
+    };
+    eprintln!("wrote {}: {pinned} pinned", pins.lock_path().display());
     Ok(())
 }
