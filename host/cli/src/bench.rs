@@ -17,11 +17,34 @@ use sha2::{Digest, Sha256};
 use keel_host::budget::ledger::Ledger;
 use keel_host::budget::{Budget, BudgetConfig, Threshold};
 use keel_host::load::floor::{CACHE_RACY_WINDOW, Floor};
-use keel_host::{Error, Host, Result, ToolResult, ToolUse};
+use keel_host::{Host, ToolResult, ToolUse};
 
 pub mod http;
 pub mod mcp;
 pub mod network;
+
+/// What stops a figure from being measured.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// keel failed at something a user does too: building a host, reading
+    /// or writing a file, starting a process.
+    #[error(transparent)]
+    Host(#[from] keel_host::Error),
+    /// What the figure measures did not go as it must: a server did not
+    /// start, a call failed or gave a wrong result.
+    #[error("{0}")]
+    Failed(String),
+}
+
+/// The result of measuring a figure.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// `action` on `path` failed with `error` (see [`keel_host::Error::io`]).
+    pub fn io(action: &'static str, path: impl Into<PathBuf>, error: std::io::Error) -> Self {
+        Error::Host(keel_host::Error::io(action, path, error))
+    }
+}
 
 /// One figure, as `keel bench --json` prints it.
 #[derive(Clone, Debug, Serialize)]
@@ -111,13 +134,13 @@ fn cores() -> usize {
 }
 
 async fn echo_host(options: &BenchOptions, workspace: &Path) -> Result<Host> {
-    Host::builder()
+    Ok(Host::builder()
         .workspace(workspace)
         .plugins(options.tool("echo"))
         .plugins(options.tool("hash"))
         .cache_dir(keel_host::load::default_cache_dir())
         .build()
-        .await
+        .await?)
 }
 
 fn echo_use(id: usize) -> ToolUse {
@@ -324,7 +347,7 @@ pub(crate) fn child_figures<const N: usize>(
     let numbers: Vec<f64> = stdout.split_whitespace().filter_map(|word| word.parse().ok()).collect();
     match <[f64; N]>::try_from(numbers) {
         Ok(numbers) if output.status.success() => Ok(numbers),
-        _ => Err(Error::Engine(format!(
+        _ => Err(Error::Failed(format!(
             "`keel {}` failed ({}): {}",
             args.join(" "),
             output.status,
@@ -464,7 +487,7 @@ pub fn guest_compute(options: &BenchOptions) -> Result<Figure> {
         keel.push(started.elapsed().as_secs_f64() * 1e3);
         let result = &outcome.results[0];
         if result.is_error || result.content.as_text() != Some(expected.as_str()) {
-            return Err(Error::Engine(format!("hash gave {}, not {expected}", result.content)));
+            return Err(Error::Failed(format!("hash gave {}, not {expected}", result.content)));
         }
         let started = Instant::now();
         let mut hasher = Sha256::new();
@@ -548,7 +571,7 @@ pub fn first_call_in_process(plugins: &Path, cache: &Path, started: Instant) -> 
         let outcome = runtime.block_on(host.run_batch(&batch));
         let micros = started.elapsed().as_secs_f64() * 1e6;
         if outcome.results[0].is_error {
-            return Err(Error::Engine(format!("echo failed: {}", outcome.results[0].content)));
+            return Err(Error::Failed(format!("echo failed: {}", outcome.results[0].content)));
         }
         Ok(micros)
     };
@@ -576,7 +599,7 @@ pub fn rich_result(options: &BenchOptions) -> Result<Figure> {
         let budget = Budget::new(&BudgetConfig::default(), session.path());
         let started = Instant::now();
         let image = keel_host::Image::new("image/png", data.as_slice());
-        image.check().map_err(|reason| Error::Engine(format!("the benchmark's image {reason}")))?;
+        image.check().map_err(|reason| Error::Failed(format!("the benchmark's image {reason}")))?;
         let content = keel_host::Content::from_blocks(vec![keel_host::ContentBlock::Image(image)]);
         let result = ToolResult::ok("toolu_1", content);
         let threshold = Threshold::default();
@@ -585,7 +608,7 @@ pub fn rich_result(options: &BenchOptions) -> Result<Figure> {
         let message = serde_json::to_vec(&results[0]).expect("a result serializes");
         keel.push(started.elapsed().as_secs_f64() * 1e3);
         if message.len() < data.len() {
-            return Err(Error::Engine("the image did not reach the message".into()));
+            return Err(Error::Failed("the image did not reach the message".into()));
         }
         let started = Instant::now();
         std::hint::black_box(std::hint::black_box(&data).clone());

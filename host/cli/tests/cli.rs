@@ -319,9 +319,15 @@ fn bench_compares_keel_with_another_stdio_mcp_server() {
     assert_eq!(output.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&output.stderr);
     assert!(stderr.contains("could not call nope with {}"), "{stderr}");
-    let output = keel(&["bench", "--mcp-server", "exit 3", "--tool", "echo"], dir.path(), "");
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(stderr.contains("`exit 3` did not start as an MCP server on stdio"), "{stderr}");
+    // A server that does not start is named, and the table, with no row
+    // to hold, is not begun.
+    let output = keel(&["bench", "--mcp-server", "false", "--tool", "echo"], dir.path(), "");
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(String::from_utf8_lossy(&output.stdout), "");
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "error: `false` did not start as an MCP server on stdio (run by `sh -c`)\n"
+    );
 }
 
 #[test]

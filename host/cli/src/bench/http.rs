@@ -26,7 +26,7 @@ use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 use super::mcp::NativeEcho;
 use super::{BenchOptions, Figure, answered, median, resident_kib, tempdir};
-use keel_host::{Error, Result};
+use super::{Error, Result};
 
 /// The arguments that make the `keel` binary serve the native echo over
 /// streamable HTTP on a loopback port, printing the address it bound on

@@ -23,7 +23,7 @@ use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler, ServiceExt as _};
 use serde_json::{Value, json};
 
 use super::{BenchOptions, Figure, answered, median, tempdir};
-use keel_host::{Error, Result};
+use super::{Error, Result};
 
 /// The arguments that make the `keel` binary serve the native echo of
 /// [`serve_native_echo`] on stdio: the baseline of the MCP figures.
@@ -233,12 +233,12 @@ pub fn compare(
         let keel_call = async |keel: &Server| keel.call().await;
         let their_spawn = async || {
             Server::spawn(theirs(), workspace.path(), shell).await.map_err(|_| {
-                Error::Engine(format!("`{command}` did not start as an MCP server on stdio (run by `sh -c`)"))
+                Error::Failed(format!("`{command}` did not start as an MCP server on stdio (run by `sh -c`)"))
             })
         };
         let their_call = async |other: &Server| {
             other.call_tool(tool, arguments).await.map_err(|error| {
-                Error::Engine(format!(
+                Error::Failed(format!(
                     "`{command}` could not call {tool} with {}: {error}",
                     Value::Object(arguments.clone())
                 ))

@@ -22,9 +22,9 @@ use keel_host::budget::{Budget, BudgetConfig, Threshold};
 use keel_host::config::Config;
 use keel_host::load::floor::network_check;
 use keel_host::load::network::NetworkGrant;
-use keel_host::{Error, Host, Result, ToolResult, ToolUse};
+use keel_host::{Host, ToolResult, ToolUse};
 
-use super::{BenchOptions, Figure, median, runtime, tempdir};
+use super::{BenchOptions, Error, Figure, Result, median, runtime, tempdir};
 
 /// The body every request reads: 1 MiB of plain text.
 const BODY_BYTES: usize = 1 << 20;
@@ -109,7 +109,7 @@ pub(super) fn figures(options: &BenchOptions) -> Result<[Figure; 2]> {
         keel.push(started.elapsed().as_secs_f64() * 1e3);
         let result = &outcome.results[0];
         if result.is_error {
-            return Err(Error::Engine(format!("fetch failed: {}", result.content)));
+            return Err(Error::Failed(format!("fetch failed: {}", result.content)));
         }
         let session = tempdir()?;
         let budget = Budget::new(&BudgetConfig::default(), session.path());
@@ -129,13 +129,13 @@ pub(super) fn figures(options: &BenchOptions) -> Result<[Figure; 2]> {
     )
     .at_most(1.3);
 
-    let grant = NetworkGrant::parse(&[origin], &[], |_| None).map_err(Error::Engine)?;
+    let grant = NetworkGrant::parse(&[origin], &[], |_| None).map_err(Error::Failed)?;
     let request = Request::get(&url).header("host", addr.to_string()).body(()).expect("a valid request");
     let checks = options.scale(100_000, 10_000);
     let started = Instant::now();
     for _ in 0..checks {
         let checked = network_check(&grant, std::hint::black_box(&request), IpAddr::V4(Ipv4Addr::LOCALHOST));
-        std::hint::black_box(checked).map_err(Error::Engine)?;
+        std::hint::black_box(checked).map_err(Error::Failed)?;
     }
     let per_check = started.elapsed().as_secs_f64() * 1e6 / checks as f64;
     let check = Figure::new(

@@ -98,16 +98,14 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
     {
         anyhow::bail!("no figure is named {only}; the figures: {}", bench::FIGURES.join(", "));
     }
-    if !args.json {
-        outln!(
-            "{:<NAME_WIDTH$} {:>12} {:>12}  {:<8} {:>7}  target",
-            "figure",
-            "keel",
-            "baseline",
-            "unit",
-            "ratio"
-        )?;
-    }
+    // The table's head goes out with its first row: a run that fails
+    // before any figure prints the error alone.
+    let mut head = (!args.json).then(|| {
+        format!(
+            "{:<NAME_WIDTH$} {:>12} {:>12}  {:<8} {:>7}  target\n",
+            "figure", "keel", "baseline", "unit", "ratio"
+        )
+    });
     // On a terminal, a line on stderr says what is being measured, and for
     // how long; a figure is printed with the line cleared. It is drawn once
     // a second, by a thread of its own that does no more: the figures
@@ -127,12 +125,12 @@ pub fn run(args: &BenchArgs, started: Instant) -> Result<()> {
         let line = if args.json {
             serde_json::to_string(&figure).expect("figures serialize")
         } else {
-            table_row(&figure)
+            head.take().unwrap_or_default() + &table_row(&figure)
         };
         spinner.suspend(|| outln!("{line}")).map_err(|error| {
             let kind = error.0.kind();
             unwritten = Some(error);
-            keel_host::Error::io("write", "standard output", kind.into())
+            bench::Error::io("write", "standard output", kind.into())
         })
     };
     let measured = match compare {
