@@ -180,15 +180,21 @@ impl Case {
     }
 
     /// Compare with the expectations on disk: `Ok` when both match, else a
-    /// unified diff of each file that differs (a missing file counts as empty).
+    /// unified diff of each file that differs (a missing or unreadable file counts
+    /// as empty, and its header says which).
     pub fn compare(&self, produced: &Produced) -> std::result::Result<(), String> {
         let mut report = String::new();
         for (file, actual) in [(EXPECTED_MESSAGE, &produced.message), (EXPECTED_EVENTS, &produced.events)] {
             let path = self.dir.join(file);
-            let expected = std::fs::read_to_string(&path).unwrap_or_default();
+            let (expected, shown) = match std::fs::read_to_string(&path) {
+                Ok(expected) => (expected, path.display().to_string()),
+                Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                    (String::new(), format!("{} (missing)", path.display()))
+                }
+                Err(error) => (String::new(), format!("{} (unreadable: {error})", path.display())),
+            };
             if &expected != actual {
                 let diff = similar::TextDiff::from_lines(expected.as_str(), actual.as_str());
-                let shown = path.display().to_string();
                 report.push_str(&diff.unified_diff().context_radius(3).header(&shown, "actual").to_string());
             }
         }

@@ -464,3 +464,22 @@ fn list_shows_a_tools_output_schema() {
     let origin = &wc["origin"];
     assert_eq!(origin["contract"], "0.4.0", "{origin}");
 }
+
+#[test]
+fn keel_test_names_a_missing_expectation_and_counts_the_cases_that_failed() {
+    let dir = tempfile::tempdir().unwrap();
+    for case in ["a", "b"] {
+        std::fs::create_dir_all(dir.path().join("cases").join(case)).unwrap();
+        std::fs::write(
+            dir.path().join("cases").join(case).join("batch.json"),
+            r#"[{"type":"tool_use","id":"1","name":"echo","input":{"text":"hi"}}]"#,
+        )
+        .unwrap();
+    }
+    let output = keel(&["test", "cases"], dir.path(), "");
+    assert_eq!(output.status.code(), Some(1));
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(stdout.contains("--- cases/a/expected.json (missing)\n+++ actual\n"), "{stdout}");
+    assert!(stdout.contains("--- cases/b/events.jsonl (missing)\n+++ actual\n"), "{stdout}");
+    assert_eq!(String::from_utf8_lossy(&output.stderr), "error: 2 fixture cases failed\n");
+}

@@ -55,7 +55,10 @@ pub fn run(args: &TestArgs) -> Result<()> {
     outln!("\n{} passed, {} failed", cases.len() - failed.len(), failed.len())?;
     if !failed.is_empty() {
         outln!("to accept the new output: KEEL_BLESS=1 keel test {}", args.dir.display())?;
-        bail!("{} fixture case(s) failed", failed.len());
+        match failed.len() {
+            1 => bail!("1 fixture case failed"),
+            n => bail!("{n} fixture cases failed"),
+        }
     }
     Ok(())
 }
