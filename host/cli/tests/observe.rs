@@ -241,6 +241,19 @@ fn a_trace_that_cannot_be_written_stops_the_run_before_it_starts_naming_the_path
     let left: Vec<_> =
         std::fs::read_dir(workspace.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
     assert!(!left.iter().any(|name| name.to_string_lossy().starts_with(".keel-")), "{left:?}");
+
+    // A path that is a directory is refused before the batch runs too, not
+    // after its calls have written what they write.
+    std::fs::create_dir(workspace.path().join("reports")).unwrap();
+    let mut command =
+        support::keel(workspace.path(), &cache, &["run", "--timeline", "reports", "batch.json"]);
+    let output = support::run(&mut command, KEEL_LIMIT);
+    assert_eq!(output.status.code(), Some(1));
+    assert!(output.stdout.is_empty(), "{}", String::from_utf8_lossy(&output.stdout));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "error: failed to write timeline reports: Is a directory (os error 21)\n"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

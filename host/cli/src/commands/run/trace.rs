@@ -114,10 +114,15 @@ fn figures_args(placed: &Placed<'_>) -> Value {
     args
 }
 
-/// Check that a file can be made beside `path` (so that a run does not go
-/// to waste on a trace it cannot write), naming `path` and the system's
-/// reason when it cannot.
+/// Check that `path` is not a directory and that a file can be made beside
+/// it (so that a run does not go to waste on a trace it cannot write),
+/// naming `path` and the system's reason when it cannot.
 pub fn check_writable(path: &Path, what: &str) -> Result<()> {
+    if path.is_dir() {
+        // The system's own words, as for the other reasons below.
+        let error = std::io::Error::from_raw_os_error(libc::EISDIR);
+        return Err(error).with_context(|| format!("failed to write {what} {}", path.display()));
+    }
     let dir = match path.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
