@@ -151,7 +151,7 @@ fn is_replaced(content: &Content, is_error: bool) -> bool {
 /// effect (a fraction is rounded down); `0`, negatives, `nan` and `inf` are
 /// ignored with a warning, keeping the default.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "the `[budget]` table")]
 pub struct BudgetConfig {
     /// Chars all results of one message may hold together.
     pub per_message_chars: Option<f64>,

@@ -36,7 +36,7 @@ pub const FILE_NAME: &str = "keel.toml";
 
 /// The parsed configuration.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a table of keel settings")]
 pub struct Config {
     /// Calls of one concurrency-safe run in flight at once; overrides
     /// `KEEL_MAX_TOOL_USE_CONCURRENCY`.
@@ -66,7 +66,7 @@ pub struct Config {
 
 /// `[cache]`: bounds of the compile cache.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "the `[cache]` table")]
 pub struct CacheConfig {
     /// The most the compile cache may take, in MiB: at each start, on a
     /// thread of its own, the entries least recently seen are removed until
@@ -76,7 +76,7 @@ pub struct CacheConfig {
 
 /// `[registries]`: settings of `oci://` plugins.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "the `[registries]` table")]
 pub struct RegistriesConfig {
     /// Registries (`host:port`) spoken to over plain HTTP although they are
     /// not on the loopback address; a loopback registry always is.
@@ -87,7 +87,7 @@ pub struct RegistriesConfig {
 /// `[network]`: settings of every plugin's requests (where each may go is
 /// its own grant, in `[plugins]`).
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "the `[network]` table")]
 pub struct NetworkConfig {
     /// PEM files of certificate authorities TLS trusts beside the bundled
     /// Mozilla roots (a company's own CA); relative to the workspace.
@@ -97,7 +97,7 @@ pub struct NetworkConfig {
 
 /// `[limits]`: overrides of [`Limits`]; a key left out keeps its default.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "the `[limits]` table")]
 pub struct LimitsConfig {
     /// Fuel per call.
     pub fuel: Option<u64>,
@@ -234,6 +234,25 @@ mod tests {
         let text = error.to_string();
         assert!(text.starts_with("invalid config conf/keel.toml: unknown field `feul`"), "{text}");
         assert!(text.ends_with("(line 2, column 1)"), "{text}");
+    }
+
+    #[test]
+    fn a_section_of_the_wrong_type_is_named_as_the_table_it_must_be() {
+        let reason = |text: &str| Config::parse(text, Path::new("keel.toml")).unwrap_err().to_string();
+        assert_eq!(
+            reason("limits = 5\n"),
+            "invalid config keel.toml: invalid type: integer `5`, expected the `[limits]` table (line 1, column 10)"
+        );
+        assert_eq!(
+            reason("[plugins]\necho = 5\n"),
+            "invalid config keel.toml: invalid type: integer `5`, expected a `[plugins.NAME]` table of grants \
+             (line 2, column 8)"
+        );
+        assert_eq!(
+            reason("[plugins.echo]\ndirs = [\"data:ro\"]\n"),
+            "invalid config keel.toml: invalid type: string \"data:ro\", expected a table of `path`, `mount` \
+             and optionally `access`, such as `{ path = \"data\", mount = \"/data\" }` (line 2, column 9)"
+        );
     }
 
     #[test]

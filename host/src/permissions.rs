@@ -120,7 +120,7 @@ pub enum Mode {
 /// mode. Every key is optional; the defaults allow every call the tool
 /// itself allows.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "the `[permissions]` table")]
 pub struct PermissionsConfig {
     /// Calls that run without asking.
     #[serde(default)]

@@ -53,7 +53,7 @@ pub enum Access {
 
 /// `[plugins.<name or pattern>]`: the grants of the plugins it matches.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(deny_unknown_fields, expecting = "a `[plugins.NAME]` table of grants")]
 pub struct PluginConfig {
     /// The most the workspace is granted: `read-only` narrows the plugin so
     /// that no call of it writes. Default: `read-write` (for calls that are
@@ -86,7 +86,10 @@ pub struct PluginConfig {
 
 /// One extra directory of a `[plugins.*]` section.
 #[derive(Clone, Debug, Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table of `path`, `mount` and optionally `access`, such as `{ path = \"data\", mount = \"/data\" }`"
+)]
 pub struct DirConfig {
     /// The directory on the host; a relative path is taken from the workspace.
     pub path: PathBuf,

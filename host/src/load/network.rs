@@ -581,7 +581,10 @@ impl NetworkGrant {
 
 /// `{ header = "...", value = "..." }` of `[plugins.X.secrets]`.
 #[derive(Clone, Debug, serde::Deserialize, PartialEq, Eq)]
-#[serde(deny_unknown_fields)]
+#[serde(
+    deny_unknown_fields,
+    expecting = "a table of `header` and `value`, such as `{ header = \"Authorization\", value = \"Bearer ${TOKEN}\" }`"
+)]
 pub struct SecretConfig {
     /// The header to set.
     pub header: String,
