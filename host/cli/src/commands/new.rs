@@ -162,12 +162,13 @@ fn create_whole(dir: &Path, files: &[(PathBuf, String)]) -> Result<()> {
         .with_context(|| format!("failed to create {}", staging.display()))
         .and_then(|()| {
             files.iter().try_for_each(|(file, contents)| {
-                let path = staging.join(file);
+                let (path, shown) = (staging.join(file), dir.join(file));
                 let parent = path.parent().expect("every file is in the crate's directory");
-                std::fs::create_dir_all(parent)
-                    .with_context(|| format!("failed to create {}", dir.join(file).display()))?;
+                std::fs::create_dir_all(parent).with_context(|| {
+                    format!("failed to create {}", shown.parent().unwrap_or(dir).display())
+                })?;
                 std::fs::write(&path, contents)
-                    .with_context(|| format!("failed to write {}", dir.join(file).display()))
+                    .with_context(|| format!("failed to write {}", shown.display()))
             })
         });
     if let Err(error) = written {
