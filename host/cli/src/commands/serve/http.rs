@@ -80,21 +80,39 @@ pub struct HttpArgs {
 }
 
 /// The bearer token of `args`, if it names one; an error names what could
-/// not be read.
+/// not be read, or why what was read cannot be a token.
 fn token(args: &HttpArgs) -> Result<Option<Arc<[u8]>>> {
-    let text = match (&args.token_file, &args.token_env) {
-        (Some(path), _) => std::fs::read_to_string(path)
-            .with_context(|| format!("failed to read the token file {}", path.display()))?,
-        (None, Some(name)) => {
-            std::env::var(name).with_context(|| format!("the token variable {name} is not set"))?
-        }
+    let (text, source) = match (&args.token_file, &args.token_env) {
+        (Some(path), _) => (
+            std::fs::read_to_string(path)
+                .with_context(|| format!("failed to read the token file {}", path.display()))?,
+            format!("the token file {}", path.display()),
+        ),
+        (None, Some(name)) => match std::env::var(name) {
+            Ok(text) => (text, format!("the token variable {name}")),
+            Err(std::env::VarError::NotPresent) => bail!("the token variable {name} is not set"),
+            Err(std::env::VarError::NotUnicode(_)) => bail!("the token variable {name} is not valid UTF-8"),
+        },
         (None, None) => return Ok(None),
     };
+    bearer_token(&text, &source).map(Some)
+}
+
+/// The token `text` holds (surrounding whitespace aside), read from
+/// `source`: one line of visible ASCII characters, as a client can send it
+/// in an `Authorization` header. Any other token could never be matched, and
+/// every request would be refused.
+fn bearer_token(text: &str, source: &str) -> Result<Arc<[u8]>> {
     let token = text.trim();
     if token.is_empty() {
-        bail!("the bearer token is empty");
+        bail!("{source} holds no token");
     }
-    Ok(Some(token.as_bytes().into()))
+    if !token.bytes().all(|byte| byte.is_ascii_graphic()) {
+        bail!(
+            "{source} does not hold one token: a bearer token is one line of visible ASCII characters, without spaces"
+        );
+    }
+    Ok(token.as_bytes().into())
 }
 
 /// The `Host` names a server answers to: loopback names and `allowed`.
@@ -637,6 +655,19 @@ mod tests {
         let given = Cli::parse_from(["keel", "--http", "127.0.0.1:9000"]);
         assert_eq!(given.http.http, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(Cli::parse_from(["keel"]).http.http, None, "stdio unless asked");
+    }
+
+    #[test]
+    fn a_bearer_token_is_one_line_of_visible_ascii() {
+        let source = "the token file t";
+        assert_eq!(&*bearer_token("  s3cr3t-~+/=\n", source).unwrap(), b"s3cr3t-~+/=");
+        let refused = |text: &str| bearer_token(text, source).unwrap_err().to_string();
+        assert_eq!(refused(" \n"), "the token file t holds no token");
+        let unsendable = "the token file t does not hold one token: a bearer token is one line of visible ASCII \
+                          characters, without spaces";
+        assert_eq!(refused("s3cr3t\n# the old one: 0ld\n"), unsendable);
+        assert_eq!(refused("two words"), unsendable);
+        assert_eq!(refused("caf\u{e9}"), unsendable);
     }
 
     #[test]
