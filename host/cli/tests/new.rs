@@ -178,6 +178,11 @@ fn a_crate_that_cannot_be_written_whole_is_not_written_at_all() {
     // Given the same empty directory without the limit, the crate is made
     // in it, and nothing of the work is left beside it.
     succeeded(&keel(&["new", "t", "--path", "empty"], dir.path()).output().unwrap());
+    // Made in the current directory, it tells no one to change to it.
+    std::fs::create_dir(dir.path().join("here")).unwrap();
+    let created = succeeded(&keel(&["new", "t", "--path", "."], &dir.path().join("here")).output().unwrap());
+    assert!(created.starts_with("Created the tool `t` here. Next:\n\n    cargo build"), "{created}");
+    assert!(dir.path().join("here/src/lib.rs").is_file());
     let mut made: Vec<_> = std::fs::read_dir(dir.path().join("empty"))
         .unwrap()
         .map(|entry| entry.unwrap().file_name().into_string().unwrap())

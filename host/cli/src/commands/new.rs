@@ -123,8 +123,12 @@ pub fn run(args: &NewArgs) -> Result<()> {
     create_whole(&dir, &files)?;
 
     let wasm = format!("target/{TARGET}/release/{lib}.wasm");
-    outln!("Created the tool `{name}` in {}. Next:\n", dir.display())?;
-    outln!("    cd {}", dir.display())?;
+    if dir == Path::new(".") {
+        outln!("Created the tool `{name}` here. Next:\n")?;
+    } else {
+        outln!("Created the tool `{name}` in {}. Next:\n", dir.display())?;
+        outln!("    cd {}", dir.display())?;
+    }
     outln!("    cargo build --release --target {TARGET}")?;
     outln!("    cargo test && keel test tests/fixtures --plugins {wasm}")?;
     outln!("    keel run --plugins {wasm} tests/fixtures/{CASE}/batch.json")?;
