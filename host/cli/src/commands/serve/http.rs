@@ -60,14 +60,14 @@ pub struct HttpArgs {
     pub token_env: Option<String>,
     /// A `Host` the server answers to, beside `localhost`, `127.0.0.1` and
     /// `::1` (repeat for more): the names clients reach it by.
-    #[arg(long = "allow-host", value_name = "HOST", requires = "http")]
+    #[arg(long = "allow-host", value_name = "HOST", requires = "http", value_parser = allowed_host)]
     pub allow_hosts: Vec<String>,
     /// A browser `Origin` allowed to call (such as
     /// `https://app.example.com:443`; repeat for more), beside pages of
     /// this machine (`http://localhost`, `127.0.0.1`, `[::1]`, any port).
     /// Any other `Origin` is refused; a request with none (a program, not a
     /// page) passes.
-    #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http")]
+    #[arg(long = "allow-origin", value_name = "ORIGIN", requires = "http", value_parser = allowed_origin)]
     pub allow_origins: Vec<String>,
     /// The largest request body accepted, in KiB; a larger one gets `413`
     /// before it is parsed.
@@ -77,6 +77,57 @@ pub struct HttpArgs {
     /// connection may stay idle, before it is cut off.
     #[arg(long, value_name = "SECS", default_value_t = 30, requires = "http")]
     pub idle_timeout_secs: u64,
+}
+
+/// `--allow-host`'s value as a `Host` header names a server: a name or an
+/// address (an IPv6 one in brackets), with or without a port. Anything else
+/// (a URL, a path) could never match, and would be ignored in silence.
+fn allowed_host(value: &str) -> Result<String, String> {
+    if is_host_and_port(value) {
+        Ok(value.to_owned())
+    } else {
+        Err("a Host is a name or address with an optional port, such as tools.example.com or 10.0.0.5:7331, \
+             without a scheme or path"
+            .into())
+    }
+}
+
+/// `--allow-origin`'s value as a browser's `Origin` header names a page:
+/// `scheme://host[:port]` (`:*` for any port), or `null`; read as the MCP
+/// server reads it. Anything else (a bare name) could never match, and
+/// would be ignored in silence.
+fn allowed_origin(value: &str) -> Result<String, String> {
+    let page = value.strip_suffix(":*").unwrap_or(value);
+    let well_formed = value.eq_ignore_ascii_case("null")
+        || hyper::http::Uri::try_from(page).is_ok_and(|uri| {
+            uri.scheme_str().is_some_and(|scheme| !scheme.is_empty())
+                && uri.authority().is_some_and(|authority| !authority.host().is_empty())
+        });
+    if well_formed {
+        Ok(value.to_owned())
+    } else {
+        Err("an Origin is scheme://host[:port] (`:*` for any port), such as https://app.example.com:443"
+            .into())
+    }
+}
+
+/// Whether `text` is a host name or address, with an optional port.
+fn is_host_and_port(text: &str) -> bool {
+    let (host, port) = match text.strip_prefix('[') {
+        Some(inner) => match inner.split_once(']') {
+            Some((address, rest)) if address.parse::<std::net::Ipv6Addr>().is_ok() => match rest {
+                "" => return true,
+                rest => ("[]", rest.strip_prefix(':').unwrap_or("-")),
+            },
+            _ => return false,
+        },
+        None => match text.rsplit_once(':') {
+            Some((host, port)) => (host, port),
+            None => (text, "0"),
+        },
+    };
+    let name = host == "[]" || host.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
+    !host.is_empty() && name && port.parse::<u16>().is_ok()
 }
 
 /// The bearer token of `args`, if it names one; an error names what could
@@ -668,6 +719,24 @@ mod tests {
         assert_eq!(refused("s3cr3t\n# the old one: 0ld\n"), unsendable);
         assert_eq!(refused("two words"), unsendable);
         assert_eq!(refused("caf\u{e9}"), unsendable);
+    }
+
+    #[test]
+    fn an_allowed_host_or_origin_that_could_never_match_is_refused() {
+        for host in ["tools.example.com", "keel:80", "10.0.0.5:7331", "[::1]", "[::1]:9464", "my_host"] {
+            assert_eq!(allowed_host(host).as_deref(), Ok(host));
+        }
+        for host in ["http://x.com", "x.com/mcp", "", "x.com:", "x.com:http", "[::1", "[x]:80", "a b"] {
+            assert!(allowed_host(host).is_err(), "{host}");
+        }
+        for origin in
+            ["https://app.example.com:443", "http://localhost:*", "http://[::1]:*", "null", "HTTPS://a.b"]
+        {
+            assert_eq!(allowed_origin(origin).as_deref(), Ok(origin));
+        }
+        for origin in ["example.com", "example.com:443", "://a.b", "https://", "a b", ""] {
+            assert!(allowed_origin(origin).is_err(), "{origin}");
+        }
     }
 
     #[test]
