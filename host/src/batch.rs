@@ -136,18 +136,18 @@ pub fn parse_batch_bytes(bytes: &[u8], origin: &str, max_input: usize) -> Result
 pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Result<Vec<ToolUse>> {
     let fail = |reason: String| Error::Batch { origin: origin.to_string(), reason };
     let not_json = |error: serde_json::Error| fail(format!("not valid JSON: {error}"));
-    // The list the calls are in, as errors name it, and whether entries
-    // that are not calls (a message's text blocks) are skipped.
+    // The list the calls are in, as errors name it (empty for a bare array,
+    // so its entries are `[i]`), and whether entries that are not calls (a
+    // message's text blocks) are skipped.
     let (blocks, list, from_message): (Vec<&RawValue>, &str, bool) = match text
         .trim_start()
         .as_bytes()
         .first()
     {
-        Some(b'[') => (serde_json::from_str(text).map_err(not_json)?, "content", false),
+        Some(b'[') => (serde_json::from_str(text).map_err(not_json)?, "", false),
         Some(b'{') => {
             let message: HashMap<String, &RawValue> = serde_json::from_str(text).map_err(not_json)?;
-            if let Some(role) = message.get("role").map(|raw| parse_value(raw))
-                && let Ok(Value::String(role)) = &role
+            if let Some(Value::String(role)) = field(&message, "role")
                 && role != "assistant"
             {
                 return Err(fail(format!(
@@ -175,10 +175,9 @@ pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Res
         let Ok(block) = serde_json::from_str::<HashMap<String, &RawValue>>(block.get()) else {
             return Err(at("expected a JSON object"));
         };
-        let field = |name: &str| block.get(name).map(|raw| parse_value(raw).unwrap_or(Value::Null));
         // A `tool_use` block holds its name and input; an OpenAI call, its
         // `function`.
-        let function: Option<HashMap<String, &RawValue>> = match field("type") {
+        let function: Option<HashMap<String, &RawValue>> = match field(&block, "type") {
             Some(Value::String(kind)) if kind == "tool_use" => None,
             Some(Value::String(kind)) if kind == "function" => {
                 let function = block.get("function").map(|raw| serde_json::from_str(raw.get()));
@@ -201,15 +200,15 @@ pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Res
             Some(function) => (function, "arguments"),
             None => (&block, "input"),
         };
-        let id = match field("id") {
+        let id = match field(&block, "id") {
             Some(Value::String(id)) if !id.is_empty() => id,
             _ => return Err(at("`id` must be a non-empty string")),
         };
         if !seen.insert(id.clone()) {
             return Err(at(&format!("duplicate tool_use id `{id}`")));
         }
-        let name = match holder.get("name").map(|raw| parse_value(raw)) {
-            Some(Ok(Value::String(name))) => name,
+        let name = match field(holder, "name") {
+            Some(Value::String(name)) => name,
             _ => return Err(at("`name` must be a string")),
         };
         let input = match holder.get(input_key) {
@@ -232,6 +231,12 @@ pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Res
 
 fn parse_value(raw: &RawValue) -> serde_json::Result<Value> {
     serde_json::from_str(raw.get())
+}
+
+/// The value of `object`'s member `name`, if it has one (null if it nests
+/// too deep to read).
+fn field(object: &HashMap<String, &RawValue>, name: &str) -> Option<Value> {
+    object.get(name).map(|raw| parse_value(raw).unwrap_or(Value::Null))
 }
 
 #[cfg(test)]
@@ -315,11 +320,15 @@ mod tests {
         let error = |text: &str| parse_batch(text, "b.json").unwrap_err().to_string();
         assert_eq!(
             error(r#"[{"id":"a","name":"x"},{"name":"y"}]"#),
-            "failed to read batch b.json: content[1]: `id` must be a non-empty string"
+            "failed to read batch b.json: [1]: `id` must be a non-empty string"
         );
         assert_eq!(
             error(r#"[{"id":"a","name":"x"},{"id":"a","name":"y"}]"#),
-            "failed to read batch b.json: content[1]: duplicate tool_use id `a`"
+            "failed to read batch b.json: [1]: duplicate tool_use id `a`"
+        );
+        assert_eq!(
+            error(r#"{"role":"assistant","content":[{"type":"tool_use","id":"","name":"x"}]}"#),
+            "failed to read batch b.json: content[0]: `id` must be a non-empty string"
         );
         assert_eq!(
             error(r#"{"role":"user","content":[]}"#),

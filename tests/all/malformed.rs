@@ -51,7 +51,7 @@ fn invalid_utf8_is_refused_with_its_offset() {
 #[test]
 fn nesting_10000_deep_is_refused_without_overflowing_the_stack() {
     let deep = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
-    assert_eq!(batch_error(&deep), "failed to read batch b.json: content[0]: expected a JSON object");
+    assert_eq!(batch_error(&deep), "failed to read batch b.json: [0]: expected a JSON object");
     let deep_object = format!("{}1{}", "{\"a\":".repeat(10_000), "}".repeat(10_000));
     let error = batch_error(&deep_object);
     assert_eq!(error, "failed to read batch b.json: the message has no `content` array nor `tool_calls`");
@@ -90,7 +90,7 @@ fn a_50_mb_input_fails_its_call_before_it_is_parsed() {
         [
             ToolResult::error(
                 "big",
-                "Invalid input for hostile: input size limit of 4 MiB exceeded: the input of content[0] is 50000022 bytes"
+                "Invalid input for hostile: input size limit of 4 MiB exceeded: the input of [0] is 50000022 bytes"
             ),
             ToolResult::ok("ok", "ok"),
         ]
@@ -99,7 +99,7 @@ fn a_50_mb_input_fails_its_call_before_it_is_parsed() {
     let uses = parse_batch_with_limit(&raw, "b.json", 1_000).unwrap();
     assert_eq!(
         uses[0].input,
-        Err("input size limit of 1000 B exceeded: the input of content[0] is 2016 bytes".into()),
+        Err("input size limit of 1000 B exceeded: the input of [0] is 2016 bytes".into()),
         "an input given as JSON text is measured as given"
     );
 }
@@ -108,19 +108,19 @@ fn a_50_mb_input_fails_its_call_before_it_is_parsed() {
 fn blocks_without_an_id_or_a_name_and_duplicate_ids_are_refused() {
     assert_eq!(
         batch_error(r#"[{"type":"tool_use","name":"hostile","input":{}}]"#),
-        "failed to read batch b.json: content[0]: `id` must be a non-empty string"
+        "failed to read batch b.json: [0]: `id` must be a non-empty string"
     );
     assert_eq!(
         batch_error(r#"[{"type":"tool_use","id":"","name":"hostile"}]"#),
-        "failed to read batch b.json: content[0]: `id` must be a non-empty string"
+        "failed to read batch b.json: [0]: `id` must be a non-empty string"
     );
     assert_eq!(
         batch_error(r#"[{"type":"tool_use","id":"a","input":{}}]"#),
-        "failed to read batch b.json: content[0]: `name` must be a string"
+        "failed to read batch b.json: [0]: `name` must be a string"
     );
     assert_eq!(
         batch_error(r#"[{"id":"a","name":"x"},{"id":"b","name":"x"},{"id":"a","name":"y"}]"#),
-        "failed to read batch b.json: content[2]: duplicate tool_use id `a`"
+        "failed to read batch b.json: [2]: duplicate tool_use id `a`"
     );
 }
 
