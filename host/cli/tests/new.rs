@@ -169,6 +169,9 @@ fn a_crate_that_cannot_be_written_whole_is_not_written_at_all() {
     assert!(stderr.starts_with("error: failed to write t/"), "{stderr}");
     assert!(stderr.contains("File too large"), "{stderr}");
     assert!(!dir.path().join("t").exists(), "no half-made crate is left");
+    // Nor the parents made for it.
+    failed(&keel_new_with_file_limit("t --path deep/er/t", dir.path()));
+    assert!(!dir.path().join("deep").exists(), "no directory made for the crate is left");
 
     // An empty directory given to hold the crate stays as it was.
     std::fs::create_dir(dir.path().join("empty")).unwrap();

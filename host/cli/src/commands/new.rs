@@ -157,9 +157,12 @@ fn check_free(dir: &Path) -> Result<()> {
 
 /// Write `files` into `dir` (missing, or an empty directory) whole or not
 /// at all: they are written into a directory of their own inside it, then
-/// moved into place, and a write that fails leaves `dir` as it was.
+/// moved into place, and a write that fails leaves `dir` as it was (or
+/// missing, with any parent it needed).
 fn create_whole(dir: &Path, files: &[(PathBuf, String)]) -> Result<()> {
-    let created = !dir.exists();
+    // The directories made here, deepest first, to remove if a write fails.
+    let made: Vec<&Path> =
+        dir.ancestors().take_while(|path| !path.as_os_str().is_empty() && !path.exists()).collect();
     std::fs::create_dir_all(dir).with_context(|| format!("failed to create {}", dir.display()))?;
     let staging = dir.join(format!(".keel-new-{}", std::process::id()));
     let written = std::fs::create_dir(&staging)
@@ -177,8 +180,8 @@ fn create_whole(dir: &Path, files: &[(PathBuf, String)]) -> Result<()> {
         });
     if let Err(error) = written {
         let _ = std::fs::remove_dir_all(&staging);
-        if created {
-            let _ = std::fs::remove_dir(dir);
+        for made in made {
+            let _ = std::fs::remove_dir(made);
         }
         return Err(error);
     }
