@@ -111,23 +111,21 @@ fn allowed_origin(value: &str) -> Result<String, String> {
     }
 }
 
-/// Whether `text` is a host name or address, with an optional port.
+/// Whether `text` is a host name or address, with an optional port: what a
+/// `Host` header holds (an IPv6 address in brackets).
 fn is_host_and_port(text: &str) -> bool {
-    let (host, port) = match text.strip_prefix('[') {
-        Some(inner) => match inner.split_once(']') {
-            Some((address, rest)) if address.parse::<std::net::Ipv6Addr>().is_ok() => match rest {
-                "" => return true,
-                rest => ("[]", rest.strip_prefix(':').unwrap_or("-")),
-            },
-            _ => return false,
-        },
-        None => match text.rsplit_once(':') {
-            Some((host, port)) => (host, port),
-            None => (text, "0"),
-        },
+    let (host, port) = match text.rsplit_once(':') {
+        // A colon inside the host is an IPv6 address's, not the port's.
+        Some((host, port)) if !host.contains(':') || host.ends_with(']') => (host, Some(port)),
+        _ => (text, None),
     };
-    let name = host == "[]" || host.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c));
-    !host.is_empty() && name && port.parse::<u16>().is_ok()
+    let host_is_well_formed = match host.strip_prefix('[').and_then(|inner| inner.strip_suffix(']')) {
+        Some(address) => address.parse::<std::net::Ipv6Addr>().is_ok(),
+        None => !host.is_empty() && host.chars().all(|c| c.is_ascii_alphanumeric() || "-._".contains(c)),
+    };
+    let port_is_a_number =
+        |port: &str| port.bytes().all(|b| b.is_ascii_digit()) && port.parse::<u16>().is_ok();
+    host_is_well_formed && port.is_none_or(port_is_a_number)
 }
 
 /// The bearer token of `args`, if it names one; an error names what could
@@ -726,7 +724,18 @@ mod tests {
         for host in ["tools.example.com", "keel:80", "10.0.0.5:7331", "[::1]", "[::1]:9464", "my_host"] {
             assert_eq!(allowed_host(host).as_deref(), Ok(host));
         }
-        for host in ["http://x.com", "x.com/mcp", "", "x.com:", "x.com:http", "[::1", "[x]:80", "a b"] {
+        for host in [
+            "http://x.com",
+            "x.com/mcp",
+            "",
+            "x.com:",
+            "x.com:http",
+            "x.com:+80",
+            "[::1",
+            "[x]:80",
+            "::1",
+            "a b",
+        ] {
             assert!(allowed_host(host).is_err(), "{host}");
         }
         for origin in
