@@ -534,6 +534,7 @@ fn memory(
     })
 }
 
+/// `what` (a server, a client or a tool) failed over HTTP with `error`.
 fn failed(what: &Path, error: impl std::fmt::Display) -> Error {
-    Error::io("run", what, std::io::Error::other(format!("MCP over HTTP: {error}")))
+    Error::Failed(format!("MCP over HTTP, {}: {error}", what.display()))
 }
