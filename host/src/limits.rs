@@ -291,7 +291,8 @@ impl fmt::Display for LimitKind {
 }
 
 /// Why an input of `size` bytes of JSON text was refused under a cap of
-/// `max_input`; `input` names it ("the input", "the input of content[3]").
+/// `max_input`; `input` names it ("the input", "the input of content[3]"
+/// in a message, "the input of [3]" in a bare array).
 pub(crate) fn input_too_large(max_input: usize, input: &str, size: usize) -> String {
     format!("{} of {} exceeded: {input} is {size} bytes", LimitKind::Input, human_bytes(max_input))
 }

@@ -52,7 +52,7 @@ fn a_bad_batch_file_fails_naming_the_file_and_block_with_nothing_on_stdout() {
     assert!(output.stdout.is_empty());
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
-        "error: failed to read batch batch.json: content[1]: `id` must be a non-empty string\n"
+        "error: failed to read batch batch.json: [1]: `id` must be a non-empty string\n"
     );
 }
 
