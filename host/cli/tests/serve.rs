@@ -683,6 +683,54 @@ fn a_request_too_large_to_read_gets_an_error_reply_to_its_id_and_the_server_goes
     let _ = child.wait();
 }
 
+#[test]
+fn a_request_that_is_not_json_rpc_gets_an_error_reply_to_its_id_and_the_server_goes_on() {
+    use std::io::{BufRead as _, Write as _};
+    let workspace = tempfile::tempdir().unwrap();
+    let mut child = keel_command(workspace.path(), &keel_args("serve", &[], &[]))
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(stderr_file(workspace.path()))
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
+    let lines = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
+        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
+        r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text": }}}"#,
+        r#"{"jsonrpc":"2.0","id":"three","method":"tools/list","params":[]}"#,
+        r#"{"id":4,"method":"tools/list"}"#,
+        r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}"#,
+    ];
+    for line in lines {
+        writeln!(stdin, "{line}").unwrap();
+    }
+    let mut replies = std::collections::BTreeMap::new();
+    while replies.len() < 5 {
+        let line = stdout.next().expect("a reply for every request").unwrap();
+        let reply: Value = serde_json::from_str(&line).unwrap();
+        assert!(!reply["id"].is_null(), "every reply names its request: {reply}");
+        replies.insert(reply["id"].to_string(), reply);
+    }
+    let error = |id: &str| (replies[id]["error"]["code"].clone(), replies[id]["error"]["message"].clone());
+    assert_eq!(
+        error("2"),
+        (json!(-32700), json!("the request is not valid JSON: expected value at line 1 column 92"))
+    );
+    assert_eq!(
+        error("\"three\""),
+        (json!(-32600), json!("the request is not a JSON-RPC 2.0 request: `params` must be an object"))
+    );
+    assert_eq!(
+        error("4"),
+        (json!(-32600), json!("the request is not a JSON-RPC 2.0 request: `jsonrpc` must be \"2.0\""))
+    );
+    assert_eq!(replies["5"]["result"]["content"][0]["text"], "after");
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 /// A client whose user answers every approval question with `answer`,
 /// recording the questions.
 #[derive(Clone)]

@@ -21,10 +21,10 @@ mod fast_calls;
 mod forward;
 mod http;
 mod metrics;
-mod oversized;
 mod reload;
 mod stdio;
 mod stop;
+mod unreadable;
 
 use std::io::Write as _;
 use std::path::PathBuf;
@@ -495,15 +495,22 @@ impl ServerHandler for Server {
         request: CustomRequest,
         _context: RequestContext<RoleServer>,
     ) -> Result<CustomResult, ErrorData> {
-        if request.method == oversized::TOO_LARGE_METHOD {
+        if request.method == unreadable::TOO_LARGE_METHOD {
             let bytes = request.params.as_ref().and_then(|params| params["bytes"].as_u64()).unwrap_or(0);
             return Err(ErrorData::invalid_request(
                 format!(
                     "the request was not read: it is {bytes} bytes, over the {} MiB limit of one message",
-                    oversized::MAX_MESSAGE_BYTES >> 20
+                    unreadable::MAX_MESSAGE_BYTES >> 20
                 ),
                 None,
             ));
+        }
+        if request.method == unreadable::INVALID_METHOD {
+            let params = request.params.unwrap_or_default();
+            let code = params["code"].as_i64().and_then(|code| i32::try_from(code).ok());
+            let message = params["message"].as_str().unwrap_or("the request could not be read");
+            let code = code.map_or(rmcp::model::ErrorCode::INVALID_REQUEST, rmcp::model::ErrorCode);
+            return Err(ErrorData::new(code, message.to_owned(), None));
         }
         if let Some(why) = invalid_params(&request.method, request.params) {
             return Err(ErrorData::invalid_params(why, None));

@@ -18,7 +18,7 @@
 //! line before it, and the transport reads no line after it until the
 //! message is taken.
 //!
-//! [`BoundedLines`]: super::oversized::BoundedLines
+//! [`BoundedLines`]: super::unreadable::BoundedLines
 
 use std::future::poll_fn;
 use std::pin::pin;
@@ -59,7 +59,7 @@ impl CallLane {
 /// Cancel-safe as the transport's own `receive` is: a message is taken
 /// from the lane only when it is returned.
 ///
-/// [`BoundedLines`]: super::oversized::BoundedLines
+/// [`BoundedLines`]: super::unreadable::BoundedLines
 pub async fn receive<T: Transport<RoleServer>>(
     transport: &mut T,
     lane: &CallLane,
@@ -117,7 +117,7 @@ mod tests {
     use rmcp::transport::async_rw::AsyncRwTransport;
     use tokio::io::AsyncWriteExt as _;
 
-    use super::super::oversized::BoundedLines;
+    use super::super::unreadable::BoundedLines;
     use super::*;
 
     /// What rmcp's transport makes of `line`.

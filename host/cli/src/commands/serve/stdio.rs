@@ -23,7 +23,7 @@ use rmcp::transport::async_rw::AsyncRwTransport;
 use tokio::runtime::Handle;
 
 use super::arrivals::Arrivals;
-use super::{Server, fast_calls, oversized};
+use super::{Server, fast_calls, unreadable};
 
 /// Where a session's calls run: on the session's own thread while no other
 /// call of it runs there, else on the shared runtime. Clones share it.
@@ -133,9 +133,9 @@ async fn session(server: Server, shared: Handle) -> Result<()> {
     let (stdin, stdout) = rmcp::transport::stdio_pipes();
     let lane = fast_calls::CallLane::default();
     let stdin =
-        oversized::BoundedLines::new(stdin, oversized::MAX_MESSAGE_BYTES).decoding_calls(lane.clone());
+        unreadable::BoundedLines::new(stdin, unreadable::MAX_MESSAGE_BYTES).decoding_calls(lane.clone());
     // The lines are bounded below; a stand-in for one too large is short.
-    let rw = AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(oversized::MAX_MESSAGE_BYTES);
+    let rw = AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(unreadable::MAX_MESSAGE_BYTES);
     let transport = Arrivals::new(rw, server.live.clone(), lane);
     tracing::info!("serving {} tools over MCP on stdio", server.live.current().tools.len());
     let stopping = server.stopping.clone();

@@ -1,4 +1,4 @@
-//! Requests too large to read, answered instead of dropped.
+//! Requests that cannot be read, answered instead of dropped.
 //!
 //! A message on stdio is one line, and a line past [`MAX_MESSAGE_BYTES`] is
 //! never buffered. rmcp's transport would drop it with a log line, and its
@@ -10,6 +10,16 @@
 //! found in its first [`ID_SCAN_BYTES`] (or that is no request) is dropped
 //! with a warning, as there is no one to answer.
 //!
+//! A request rmcp cannot read for another reason is replaced the same way,
+//! by one of method [`INVALID_METHOD`] ([`stand_in`]): a line that is not
+//! JSON, which rmcp ignores, or one that is not a JSON-RPC 2.0 request (a
+//! `jsonrpc` other than `"2.0"`, a `method` that is no string, `params` that
+//! are no object), which rmcp answers without its id. Either way the client
+//! would wait for a reply forever; it gets a parse or invalid-request error
+//! of its request's id naming what is wrong. A line without an id or a
+//! `method` (a reply, or what a peer echoed of one) is left to rmcp, so an
+//! error never answers an error.
+//!
 //! Reading every line first, it is also where a plain `tools/call` request
 //! is decoded without rmcp's slower way ([`fast_calls`]).
 
@@ -19,7 +29,10 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use rmcp::RoleServer;
+use rmcp::model::ErrorCode;
 use rmcp::service::RxJsonRpcMessage;
+use serde::Deserialize;
+use serde_json::value::RawValue;
 use tokio::io::{AsyncRead, ReadBuf};
 
 use super::fast_calls::{self, CallLane};
@@ -34,6 +47,10 @@ pub const ID_SCAN_BYTES: usize = 64 << 10;
 
 /// The method of the request that stands in for one too large to read.
 pub const TOO_LARGE_METHOD: &str = "keel/message-too-large";
+
+/// The method of the request that stands in for one rmcp cannot read; its
+/// params are the error's `code` and `message`.
+pub const INVALID_METHOD: &str = "keel/invalid-request";
 
 /// Reads lines from `inner`, replacing any longer than the cap. A line is
 /// held until it ends (as the transport above would buffer it anyway), so
@@ -111,7 +128,10 @@ impl<R> BoundedLines<R> {
                 Some(size) => self.replace(size),
                 None => match self.lane.as_ref().and_then(|_| fast_calls::decode(&self.held)) {
                     Some(call) => decoded = Some(call),
-                    None => self.out.extend_from_slice(&self.held),
+                    None => match stand_in(&self.held) {
+                        Some(stand_in) => self.out.extend_from_slice(stand_in.as_bytes()),
+                        None => self.out.extend_from_slice(&self.held),
+                    },
                 },
             }
             self.held.clear();
@@ -187,29 +207,100 @@ impl<R: AsyncRead + Unpin> AsyncRead for BoundedLines<R> {
     }
 }
 
+/// In place of `line`, a request of its id and method [`INVALID_METHOD`]
+/// whose params are the error owed to it, when `line` is a request (it
+/// names an `id` and a `method`) that rmcp cannot read: not JSON, or not a
+/// JSON-RPC 2.0 request ([`fault`]). `None` for every other line.
+pub fn stand_in(line: &[u8]) -> Option<String> {
+    let (code, message) = fault(line)?;
+    let members = leading_members(line);
+    let member = |name: &[u8]| members.iter().find(|(key, _)| *key == name).map(|(_, value)| *value);
+    let id = member(b"id").and_then(as_id)?;
+    member(b"method")?;
+    // Only what rmcp refuses: whatever it reads is its to answer.
+    if serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(line).is_ok() {
+        return None;
+    }
+    let params = serde_json::json!({ "code": code.0, "message": message });
+    Some(format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"{INVALID_METHOD}\",\"params\":{params}}}\n"))
+}
+
+/// What is wrong with `line` as a JSON-RPC 2.0 request, as the error
+/// that says so: not JSON at all, or a `jsonrpc`, `method` or `params` that
+/// is not what JSON-RPC 2.0 (with MCP's object params) has. `None` when
+/// none of these is wrong, or the line is no JSON object.
+fn fault(line: &[u8]) -> Option<(ErrorCode, String)> {
+    /// The members that make a request; any other is let be.
+    #[derive(Deserialize)]
+    struct Envelope<'a> {
+        #[serde(borrow)]
+        jsonrpc: Option<&'a RawValue>,
+        #[serde(borrow)]
+        method: Option<&'a RawValue>,
+        #[serde(borrow)]
+        params: Option<&'a RawValue>,
+    }
+    let envelope: Envelope<'_> = match serde_json::from_slice(line) {
+        Ok(envelope) => envelope,
+        Err(error) if error.is_syntax() || error.is_eof() => {
+            return Some((ErrorCode::PARSE_ERROR, format!("the request is not valid JSON: {error}")));
+        }
+        Err(_) => return None,
+    };
+    fn text(member: Option<&RawValue>) -> Option<&str> {
+        member.map(RawValue::get)
+    }
+    let wrong = if text(envelope.jsonrpc) != Some(r#""2.0""#) {
+        r#"`jsonrpc` must be "2.0""#
+    } else if !text(envelope.method).is_some_and(|method| method.starts_with('"')) {
+        "`method` must be a string"
+    } else if text(envelope.params).is_some_and(|params| !params.starts_with('{')) {
+        "`params` must be an object"
+    } else {
+        return None;
+    };
+    Some((ErrorCode::INVALID_REQUEST, format!("the request is not a JSON-RPC 2.0 request: {wrong}")))
+}
+
 /// The `id` of the JSON-RPC request whose text starts with `start`, as JSON
 /// text (`7`, `"abc"`), when its top-level object names one in `start`.
 pub fn request_id(start: &[u8]) -> Option<String> {
+    let members = leading_members(start);
+    let (_, id) = members.iter().find(|(key, _)| *key == b"id")?;
+    as_id(id)
+}
+
+/// `value`, JSON text, as a request id: a string or a number.
+fn as_id(value: &[u8]) -> Option<String> {
+    let is_id = value.first().is_some_and(|b| *b == b'"' || *b == b'-' || b.is_ascii_digit());
+    is_id.then(|| String::from_utf8_lossy(value).into_owned())
+}
+
+/// The members of the JSON object whose text starts with `start`, in order,
+/// as far as each is whole there: its key's raw bytes and its value's text.
+fn leading_members(start: &[u8]) -> Vec<(&[u8], &[u8])> {
+    let mut members = Vec::new();
     let mut scan = Scan { text: start, at: 0 };
     scan.ws();
-    scan.expect(b'{')?;
+    if scan.expect(b'{').is_none() {
+        return members;
+    }
     loop {
+        let member = (|| {
+            scan.ws();
+            let key = scan.string()?;
+            scan.ws();
+            scan.expect(b':')?;
+            scan.ws();
+            let value_start = scan.at;
+            scan.value()?;
+            Some((key, &start[value_start..scan.at]))
+        })();
+        let Some(member) = member else { return members };
+        members.push(member);
         scan.ws();
-        let key = scan.string()?;
-        scan.ws();
-        scan.expect(b':')?;
-        scan.ws();
-        let value_start = scan.at;
-        scan.value()?;
-        if key == b"id" {
-            let id = &start[value_start..scan.at];
-            let is_id = id.first().is_some_and(|b| *b == b'"' || *b == b'-' || b.is_ascii_digit());
-            return is_id.then(|| String::from_utf8_lossy(id).into_owned());
-        }
-        scan.ws();
-        match scan.next()? {
-            b',' => continue,
-            _ => return None,
+        if scan.next() != Some(b',') {
+            return members;
         }
     }
 }
@@ -302,6 +393,7 @@ impl<'a> Scan<'a> {
 
 #[cfg(test)]
 mod tests {
+    use serde_json::{Value, json};
     use tokio::io::AsyncReadExt as _;
 
     use super::*;
@@ -318,6 +410,57 @@ mod tests {
         assert_eq!(request_id(br#"{"id":12"#), None, "a number cut short is not known whole");
         assert_eq!(request_id(br#"{"id":null,"method":"x"}"#), None, "a notification has no id to answer");
         assert_eq!(request_id(b"[1,2]"), None);
+    }
+
+    #[test]
+    fn a_request_rmcp_cannot_read_is_replaced_by_one_asking_for_its_error() {
+        let replaced = |line: &str| {
+            let stand_in: Value = serde_json::from_str(&stand_in(line.as_bytes())?).unwrap();
+            assert_eq!(stand_in["method"], INVALID_METHOD);
+            Some((
+                stand_in["id"].clone(),
+                stand_in["params"]["code"].clone(),
+                stand_in["params"]["message"].clone(),
+            ))
+        };
+        assert_eq!(
+            replaced(
+                r#"{"jsonrpc":"2.0","id":7,"method":"tools/call","params":{"name":"echo","arguments":{"text":}}}"#
+            ),
+            Some((
+                json!(7),
+                json!(-32700),
+                json!("the request is not valid JSON: expected value at line 1 column 91")
+            ))
+        );
+        let invalid = |wrong: &str| format!("the request is not a JSON-RPC 2.0 request: {wrong}");
+        assert_eq!(
+            replaced(r#"{"jsonrpc":"1.0","id":"a","method":"ping"}"#),
+            Some((json!("a"), json!(-32600), json!(invalid(r#"`jsonrpc` must be "2.0""#))))
+        );
+        assert_eq!(
+            replaced(r#"{"jsonrpc":"2.0","id":1,"method":["ping"]}"#),
+            Some((json!(1), json!(-32600), json!(invalid("`method` must be a string"))))
+        );
+        assert_eq!(
+            replaced(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":[]}"#),
+            Some((json!(1), json!(-32600), json!(invalid("`params` must be an object"))))
+        );
+        // What rmcp reads, it answers; a line with no id or no method has
+        // no one to answer, or is a reply, and is left to it too.
+        for line in [
+            r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":null}"#,
+            r#"{"jsonrpc":"2.0","id":1,"method":"ping"}"#,
+            r#"{"jsonrpc":"2.0","method":"notifications/initialized","params":[]}"#,
+            r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32700,"message":"x"}"#,
+            r#"{"jsonrpc":"2.0","method":"tools/call","params":{"#,
+            r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping","params":[]}"#,
+            r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#,
+            "not json",
+            "",
+        ] {
+            assert_eq!(replaced(line), None, "{line}");
+        }
     }
 
     async fn read_all(input: &[u8], cap: usize) -> String {
