@@ -188,6 +188,34 @@ fn a_forged_host_or_origin_and_an_oversized_body_are_refused() {
 }
 
 #[test]
+fn a_body_that_is_not_json_rpc_gets_a_bad_request_with_a_json_rpc_error() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &[]);
+    let refused = |body: &str| {
+        let reply = request(server.addr, "POST", "/mcp", &stateless_headers("echo"), body);
+        assert_eq!(reply.status, 400, "{}", reply.body);
+        let error: Value = serde_json::from_str(&reply.body).unwrap();
+        assert_eq!(error["id"], Value::Null, "{error}");
+        (error["error"]["code"].clone(), error["error"]["message"].as_str().unwrap().to_owned())
+    };
+    assert_eq!(
+        refused(
+            r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text": }}}"#
+        ),
+        (json!(-32700), "the request is not valid JSON: expected value at line 1 column 92".to_owned())
+    );
+    let (code, message) = refused(r#"{"jsonrpc":"2.0","id":3,"method":"tools/call","params":[]}"#);
+    assert_eq!(code, json!(-32600));
+    assert!(message.starts_with("the request is not a JSON-RPC 2.0 message: "), "{message}");
+    // A body that is not JSON-typed is still refused as such.
+    let reply = request(server.addr, "POST", "/mcp", &[ACCEPT, ("content-type", "text/plain")], "x");
+    assert_eq!(reply.status, 415, "{}", reply.body);
+    // And the server still serves.
+    let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "fine" }));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+}
+
+#[test]
 fn two_replicas_serve_one_stateless_client_alternately() {
     let workspace = tempfile::tempdir().unwrap();
     std::fs::write(workspace.path().join("notes.txt"), "one two\nthree\n").unwrap();

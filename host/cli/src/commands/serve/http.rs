@@ -5,7 +5,9 @@
 //! `Host` checked against an allow-list (loopback names by default) and any
 //! `Origin` a browser sends refused unless listed, so DNS rebinding gets
 //! nowhere; a body over the cap refused with `413` while it streams, before
-//! it is parsed. In front of it, this module:
+//! it is parsed. Around it, this module:
+//! - answers a body that is not a JSON-RPC message with `400` and a JSON-RPC
+//!   parse or invalid-request error, where rmcp gives `415`;
 //! - answers `/mcp`, and `/metrics` when metrics are served here
 //!   ([`super::metrics`]); `404` elsewhere;
 //! - checks the bearer token, when there is one, in constant time: a missing
@@ -625,10 +627,46 @@ where
     if let Some((endpoint, hosts)) = metrics {
         return metrics_response(endpoint, hosts, &request);
     }
-    match mcp.call(request).await {
+    let response = match mcp.call(request).await {
         Ok(response) => response,
         Err(never) => match never {},
+    };
+    if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
+        return unreadable(response).await;
     }
+    response
+}
+
+/// What rmcp says of a body it could not read as a JSON-RPC message.
+const UNREADABLE_BODY: &str = "fail to deserialize request body ";
+
+/// rmcp's `415` for a body that is JSON-typed but not a JSON-RPC message
+/// it reads, as MCP asks for a message it cannot accept: `400`, with a
+/// JSON-RPC error of no id (the exchange is the request's own) saying what
+/// is wrong, as a stdio request gets it. Any other `415` (a body that is not
+/// `application/json`) as it is.
+async fn unreadable(response: Response<Body>) -> Response<Body> {
+    let (parts, body) = response.into_parts();
+    let Ok(text) = body.collect().await.map(|body| body.to_bytes());
+    let Some(reason) = std::str::from_utf8(&text).ok().and_then(|text| text.strip_prefix(UNREADABLE_BODY))
+    else {
+        return Response::from_parts(parts, Full::new(text).boxed());
+    };
+    let (code, message) = match reason.strip_prefix("unrecognized JSON-RPC message") {
+        Some(_) => (
+            rmcp::model::ErrorCode::INVALID_REQUEST,
+            "the request is not a JSON-RPC 2.0 message: a request has `jsonrpc` \"2.0\", an `id`, a string \
+             `method` and object `params`"
+                .to_owned(),
+        ),
+        None => (rmcp::model::ErrorCode::PARSE_ERROR, format!("the request is not valid JSON: {reason}")),
+    };
+    let error =
+        serde_json::json!({ "jsonrpc": "2.0", "id": null, "error": { "code": code.0, "message": message } });
+    let mut response = Response::new(Full::new(Bytes::from(error.to_string())).boxed());
+    *response.status_mut() = StatusCode::BAD_REQUEST;
+    response.headers_mut().insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+    response
 }
 
 /// What an `Authorization` header holds, against the server's token.
