@@ -40,6 +40,7 @@ pub const FILE_NAME: &str = "keel.toml";
 pub struct Config {
     /// Calls of one concurrency-safe run in flight at once; overrides
     /// `KEEL_MAX_TOOL_USE_CONCURRENCY`.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
     pub max_tool_use_concurrency: Option<usize>,
     /// `[budget]`: overrides of the result budgets.
     #[serde(default)]
@@ -96,38 +97,57 @@ pub struct NetworkConfig {
 }
 
 /// `[limits]`: overrides of [`Limits`]; a key left out keeps its default.
+/// A limit is at least 1, as one of 0 would stop every call (none can be
+/// turned off); a count of network requests, bytes or connections may be 0,
+/// which allows none.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, expecting = "the `[limits]` table")]
 pub struct LimitsConfig {
     /// Fuel per call.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
     pub fuel: Option<u64>,
     /// Wall-clock deadline per call, in milliseconds.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
     pub deadline_ms: Option<u64>,
-    /// Linear memory per call, in MiB.
+    /// Linear memory per call, in MiB: at most 4096, all a 32-bit memory
+    /// can address.
+    #[serde(default, deserialize_with = "memory_mib")]
     pub memory_mib: Option<usize>,
     /// Elements per table.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
     pub table_elements: Option<usize>,
     /// WASM stack, in KiB.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
     pub stack_kib: Option<usize>,
     /// Fuel of a whole batch, all its calls together.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
     pub batch_fuel: Option<u64>,
     /// Bytes a guest may hand the host in one piece, in MiB.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
     pub transfer_mib: Option<usize>,
     /// Host-side handles one call may hold at once.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
     pub resources: Option<usize>,
     /// Bytes of one tool_use input accepted before parsing, in KiB.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
     pub input_kib: Option<usize>,
     /// HTTP requests per call.
+    #[serde(default, deserialize_with = "at_least::<0, _, _>")]
     pub network_requests: Option<usize>,
     /// Request body bytes per call, in MiB.
+    #[serde(default, deserialize_with = "at_least::<0, _, _>")]
     pub network_sent_mib: Option<usize>,
     /// Response body bytes per call, in MiB.
+    #[serde(default, deserialize_with = "at_least::<0, _, _>")]
     pub network_received_mib: Option<usize>,
     /// Name lookup and connection time, in milliseconds.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
     pub network_connect_ms: Option<u64>,
     /// Time to a response, and between its body's chunks, in milliseconds.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
     pub network_response_ms: Option<u64>,
     /// Connections open at once per call.
+    #[serde(default, deserialize_with = "at_least::<0, _, _>")]
     pub network_connections: Option<usize>,
 }
 
@@ -137,16 +157,20 @@ impl LimitsConfig {
         Limits {
             fuel: self.fuel.unwrap_or(defaults.fuel),
             deadline: self.deadline_ms.map_or(defaults.deadline, std::time::Duration::from_millis),
-            memory: self.memory_mib.map_or(defaults.memory, |mib| mib << 20),
+            memory: self.memory_mib.map_or(defaults.memory, |mib| mib.saturating_mul(1 << 20)),
             table_elements: self.table_elements.unwrap_or(defaults.table_elements),
-            stack: self.stack_kib.map_or(defaults.stack, |kib| kib << 10),
+            stack: self.stack_kib.map_or(defaults.stack, |kib| kib.saturating_mul(1 << 10)),
             batch_fuel: self.batch_fuel.unwrap_or(defaults.batch_fuel),
-            transfer: self.transfer_mib.map_or(defaults.transfer, |mib| mib << 20),
+            transfer: self.transfer_mib.map_or(defaults.transfer, |mib| mib.saturating_mul(1 << 20)),
             resources: self.resources.unwrap_or(defaults.resources),
-            input: self.input_kib.map_or(defaults.input, |kib| kib << 10),
+            input: self.input_kib.map_or(defaults.input, |kib| kib.saturating_mul(1 << 10)),
             network_requests: self.network_requests.unwrap_or(defaults.network_requests),
-            network_sent: self.network_sent_mib.map_or(defaults.network_sent, |mib| mib << 20),
-            network_received: self.network_received_mib.map_or(defaults.network_received, |mib| mib << 20),
+            network_sent: self
+                .network_sent_mib
+                .map_or(defaults.network_sent, |mib| mib.saturating_mul(1 << 20)),
+            network_received: self
+                .network_received_mib
+                .map_or(defaults.network_received, |mib| mib.saturating_mul(1 << 20)),
             network_connect: self
                 .network_connect_ms
                 .map_or(defaults.network_connect, std::time::Duration::from_millis),
@@ -184,6 +208,52 @@ impl Config {
     }
 }
 
+/// A whole number of at least `MIN`, with an error that says so where serde
+/// would name a Rust type.
+fn at_least<'de, const MIN: i64, D, T>(deserializer: D) -> std::result::Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: TryFrom<i64>,
+{
+    use serde::de::Error as _;
+    /// An integer, as TOML has them: a whole number that fits an `i64`.
+    struct Whole;
+    impl serde::de::Visitor<'_> for Whole {
+        type Value = i64;
+        fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+            formatter.write_str("a whole number")
+        }
+        fn visit_i64<E: serde::de::Error>(self, value: i64) -> std::result::Result<i64, E> {
+            Ok(value)
+        }
+        fn visit_u64<E: serde::de::Error>(self, value: u64) -> std::result::Result<i64, E> {
+            i64::try_from(value).map_err(|_| E::custom(format!("{value} is too large")))
+        }
+    }
+    let value = deserializer.deserialize_i64(Whole)?;
+    if value < MIN {
+        return Err(D::Error::custom(if value == 0 {
+            "a limit of 0 would stop every call: use 1 or more (a limit cannot be turned off)".to_owned()
+        } else {
+            format!("{value} is out of range: use a whole number of {MIN} or more")
+        }));
+    }
+    T::try_from(value).map(Some).map_err(|_| D::Error::custom(format!("{value} is too large")))
+}
+
+/// `memory_mib`: from 1 to 4096.
+fn memory_mib<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<usize>, D::Error> {
+    let mib = at_least::<1, D, usize>(deserializer)?;
+    if mib.is_some_and(|mib| mib > 4096) {
+        return Err(serde::de::Error::custom(
+            "a sandbox's memory is at most 4096 MiB, all a 32-bit memory can address",
+        ));
+    }
+    Ok(mib)
+}
+
 /// ` at line L, column C` for a span of `text`.
 fn location(text: &str, span: Option<std::ops::Range<usize>>) -> String {
     let Some(span) = span else { return String::new() };
@@ -206,6 +276,38 @@ mod tests {
         assert_eq!(limits.fuel, 5);
         assert_eq!(limits.memory, 8 << 20);
         assert_eq!(limits.deadline, Duration::from_secs(30));
+    }
+
+    #[test]
+    fn a_limit_is_at_least_1_and_a_network_count_at_least_0() {
+        let reason = |text: &str| Config::parse(text, Path::new("keel.toml")).unwrap_err().to_string();
+        assert_eq!(
+            reason("[limits]\ndeadline_ms = 0\n"),
+            "invalid config keel.toml: a limit of 0 would stop every call: use 1 or more (a limit cannot be \
+             turned off) (line 2, column 15)"
+        );
+        assert_eq!(
+            reason("max_tool_use_concurrency = 0\n"),
+            "invalid config keel.toml: a limit of 0 would stop every call: use 1 or more (a limit cannot be \
+             turned off) (line 1, column 28)"
+        );
+        assert_eq!(
+            reason("[limits]\nnetwork_requests = -1\n"),
+            "invalid config keel.toml: -1 is out of range: use a whole number of 0 or more (line 2, column 20)"
+        );
+        assert_eq!(
+            reason("[limits]\nfuel = 1.5\n"),
+            "invalid config keel.toml: invalid type: floating point `1.5`, expected a whole number (line 2, column 8)"
+        );
+        assert_eq!(
+            reason("[limits]\nmemory_mib = 4097\n"),
+            "invalid config keel.toml: a sandbox's memory is at most 4096 MiB, all a 32-bit memory can address \
+             (line 2, column 14)"
+        );
+        let text = "[limits]\nnetwork_requests = 0\nnetwork_connections = 0\ninput_kib = 18014398509481984\n";
+        let limits = Config::parse(text, Path::new("keel.toml")).unwrap().limits.apply(Limits::default());
+        assert_eq!((limits.network_requests, limits.network_connections), (0, 0));
+        assert_eq!(limits.input, usize::MAX, "a size too large for its unit is as large as can be, not 0");
     }
 
     #[test]

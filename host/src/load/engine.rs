@@ -13,7 +13,7 @@ use wasmtime::component::{Component, Linker};
 use wasmtime::{Config, Enabled, Engine, InstanceAllocationStrategy, PoolingAllocationConfig};
 
 use crate::error::{Error, Result};
-use crate::limits::Limits;
+use crate::limits::{Limits, human_bytes};
 use crate::load::bindings::{v0_2, v0_3, v0_4};
 use crate::load::epoch::Ticker;
 use crate::load::lock::{Pins, is_sha256_hex, sha256_hex};
@@ -34,6 +34,10 @@ pub struct Runtime {
     cache: Option<CompileCache>,
     /// What every component is checked against before its code runs.
     pins: Option<Arc<Pins>>,
+    /// The memory and table limits the engine's pool was made for, to name
+    /// in the refusal of a component that needs more.
+    memory: usize,
+    table_elements: usize,
 }
 
 /// The topic under which the sha256 digest of a component's bytes is kept
@@ -120,7 +124,15 @@ impl Runtime {
         .map_err(|error| Error::Engine(format!("failed to link host imports: {error:#}")))?;
 
         let cache = cache_dir.map(|dir| CompileCache::new(dir, &engine));
-        Ok(Runtime { engine, ticker, linker, cache, pins: None })
+        Ok(Runtime {
+            engine,
+            ticker,
+            linker,
+            cache,
+            pins: None,
+            memory: limits.memory,
+            table_elements: limits.table_elements,
+        })
     }
 
     /// Check every component this runtime compiles or loads against
@@ -346,8 +358,23 @@ impl Runtime {
     }
 
     fn compile_bytes(&self, path: &Path, bytes: &[u8]) -> Result<Component> {
-        Component::new(&self.engine, bytes)
-            .map_err(|error| Error::plugin(path, format!("not a valid component: {}", root_cause(&error))))
+        Component::new(&self.engine, bytes).map_err(|error| {
+            let cause = root_cause(&error);
+            let reason = match Exceeded::of(&cause) {
+                Some(Exceeded::Memory(bytes)) => format!(
+                    "its memory starts at {}, over the memory limit of {} (`memory_mib` in `[limits]`)",
+                    human_bytes(bytes),
+                    human_bytes(self.memory)
+                ),
+                Some(Exceeded::Table(elements)) => format!(
+                    "a table of it starts at {elements} elements, over the limit of {} (`table_elements` in \
+                     `[limits]`)",
+                    self.table_elements
+                ),
+                None => format!("not a valid component: {cause}"),
+            };
+            Error::plugin(path, reason)
+        })
     }
 }
 
@@ -638,12 +665,39 @@ impl FileStamp {
     }
 }
 
+/// What a component needs beyond the limits an engine's pool was made
+/// for, read from wasmtime's refusal of it.
+#[derive(Debug, PartialEq)]
+enum Exceeded {
+    /// Bytes its smallest memory starts at.
+    Memory(usize),
+    /// Elements a table of it starts at.
+    Table(usize),
+}
+
+impl Exceeded {
+    /// What `cause`, the reason wasmtime gave for refusing a component,
+    /// says it needs; `None` when it is refused for anything else.
+    fn of(cause: &str) -> Option<Self> {
+        let number_after = |text: &str| {
+            let (_, rest) = cause.split_once(text)?;
+            rest.split(' ').next()?.parse::<usize>().ok()
+        };
+        let over = cause.contains("which exceeds the limit of");
+        let memory = number_after("memory has a minimum byte size of ").map(Exceeded::Memory);
+        over.then(|| memory.or_else(|| number_after("has a minimum element size of ").map(Exceeded::Table)))?
+    }
+}
+
 /// The component cached at `artifact` (a name from
 /// [`CompileCache::artifact`]), or `None` when there is none or it cannot be
-/// used.
+/// used. One that needs more than this engine's limits is not damaged: its
+/// compilation, next, says so.
 fn load_cached(engine: &Engine, artifact: &Path) -> Option<Component> {
     try_load(engine, artifact).unwrap_or_else(|error| {
-        tracing::warn!(path = %artifact.display(), "ignoring unreadable compile cache entry: {error}");
+        if Exceeded::of(&error).is_none() {
+            tracing::warn!(path = %artifact.display(), "ignoring unreadable compile cache entry: {error}");
+        }
         None
     })
 }
@@ -717,6 +771,27 @@ mod tests {
 
     fn component(answer: i32) -> Vec<u8> {
         wat::parse_str(format!("(component (core module (func (result i32) i32.const {answer})))")).unwrap()
+    }
+
+    #[test]
+    fn a_component_that_needs_more_than_the_limits_is_refused_naming_the_limit() {
+        let limits = Limits { memory: 1 << 20, table_elements: 10, ..Limits::default() };
+        let runtime = Runtime::new(&limits, None).unwrap();
+        let refusal = |module: &str| {
+            let bytes = wat::parse_str(format!("(component (core module {module}))")).unwrap();
+            runtime.compile(Path::new("big.wasm"), &bytes).err().unwrap().to_string()
+        };
+        assert_eq!(
+            refusal("(memory 17)"),
+            "failed to load plugin big.wasm: its memory starts at 1088 KiB, over the memory limit of 1 MiB \
+             (`memory_mib` in `[limits]`)"
+        );
+        assert_eq!(
+            refusal("(table 100 funcref)"),
+            "failed to load plugin big.wasm: a table of it starts at 100 elements, over the limit of 10 \
+             (`table_elements` in `[limits]`)"
+        );
+        assert!(refusal("(memory 1) (memory 1)").contains("not a valid component"));
     }
 
     #[test]
