@@ -57,6 +57,19 @@ fn a_bad_batch_file_fails_naming_the_file_and_block_with_nothing_on_stdout() {
 }
 
 #[test]
+fn an_override_that_takes_no_effect_is_warned_of_once() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("keel.toml"), "[budget]\ntools = { echo = 0 }\n").unwrap();
+    let batch = r#"[{"type":"tool_use","id":"a","name":"echo","input":{"text":"hi"}}]"#;
+    let output = keel(&["run", "-"], dir.path(), batch);
+    assert_eq!(output.status.code(), Some(0));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    let warning =
+        "ignoring `[budget.tools] echo = 0` in the config: only a finite positive number takes effect";
+    assert_eq!(stderr.matches(warning).count(), 1, "{stderr}");
+}
+
+#[test]
 fn a_failing_command_whose_stderr_is_gone_still_exits_with_its_status() {
     let dir = tempfile::tempdir().unwrap();
     // A pipe nobody reads: every write to it fails.
