@@ -495,4 +495,13 @@ fn keel_test_names_a_missing_expectation_and_counts_the_cases_that_failed() {
     assert!(stdout.contains("--- cases/a/expected.json (missing)\n+++ actual\n"), "{stdout}");
     assert!(stdout.contains("--- cases/b/events.jsonl (missing)\n+++ actual\n"), "{stdout}");
     assert_eq!(String::from_utf8_lossy(&output.stderr), "error: 2 fixture cases failed\n");
+
+    // A case's batch file given for the case is named as what it is.
+    let output = keel(&["test", "cases/a/batch.json"], dir.path(), "");
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        "error: cases/a/batch.json is a file; give a fixture case (a directory holding batch.json) or a \
+         directory of cases\n"
+    );
 }

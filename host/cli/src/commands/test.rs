@@ -30,6 +30,12 @@ pub fn run(args: &TestArgs) -> Result<()> {
     if args.host.config.is_some() {
         bail!("each fixture case uses its own `keel.toml`; --config does not apply");
     }
+    if args.dir.is_file() {
+        bail!(
+            "{} is a file; give a fixture case (a directory holding batch.json) or a directory of cases",
+            args.dir.display()
+        );
+    }
     let cases = fixture::discover(&args.dir)?;
     if cases.is_empty() {
         bail!("no fixture cases in {} (a case is a directory holding batch.json)", args.dir.display());
