@@ -185,10 +185,7 @@ impl LimitsConfig {
 impl Config {
     /// Parse configuration text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Self> {
-        toml::from_str(text).map_err(|error| Error::Config {
-            path: origin.to_path_buf(),
-            reason: error.message().to_string() + &location(text, error.span()),
-        })
+        read_toml(text).map_err(|reason| Error::Config { path: origin.to_path_buf(), reason })
     }
 
     /// Read `path`.
@@ -252,6 +249,12 @@ fn memory_mib<'de, D: serde::Deserializer<'de>>(
         ));
     }
     Ok(mib)
+}
+
+/// `text` read as TOML; on failure, what is wrong and where: `unknown field
+/// \`feul\` … (line 2, column 1)`.
+pub fn read_toml<T: serde::de::DeserializeOwned>(text: &str) -> std::result::Result<T, String> {
+    toml::from_str(text).map_err(|error| error.message().to_string() + &location(text, error.span()))
 }
 
 /// ` at line L, column C` for a span of `text`.

@@ -37,6 +37,14 @@ pub enum Error {
         /// What is wrong, and where.
         reason: String,
     },
+    /// The lock file is invalid.
+    #[error("invalid lock {}: {reason}", path.display())]
+    Lock {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong, and where.
+        reason: String,
+    },
     /// A `[plugins]` section of the configuration grants something invalid.
     #[error("invalid grant [plugins.{pattern:?}]: {reason}")]
     Grant {

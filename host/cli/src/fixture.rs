@@ -28,7 +28,7 @@ use serde::Deserialize;
 use serde_json::Value;
 
 use keel_host::batch::{parse_batch_bytes, user_message};
-use keel_host::config::Config;
+use keel_host::config::{Config, read_toml};
 use keel_host::{Error, Event, HostBuilder, Result};
 
 /// The environment variable that makes a fixture run rewrite expectations.
@@ -176,7 +176,7 @@ impl Case {
             return Ok(Driver::default());
         }
         let text = std::fs::read_to_string(&path).map_err(|error| Error::io("read", &path, error))?;
-        toml::from_str(&text).map_err(|error| Error::Config { path, reason: error.message().to_string() })
+        read_toml(&text).map_err(|reason| Error::Config { path, reason })
     }
 
     /// Compare with the expectations on disk: `Ok` when both match, else a

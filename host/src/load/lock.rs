@@ -79,8 +79,8 @@ impl Lock {
 
     /// Parse a lock's text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Self> {
-        let invalid = |reason: String| Error::Config { path: origin.to_path_buf(), reason };
-        let lock: Lock = toml::from_str(text).map_err(|error| invalid(error.message().to_string()))?;
+        let invalid = |reason: String| Error::Lock { path: origin.to_path_buf(), reason };
+        let lock: Lock = crate::config::read_toml(text).map_err(invalid)?;
         if lock.version != LOCK_VERSION {
             return Err(invalid(format!(
                 "version {} is not {LOCK_VERSION}, the one this keel reads",
@@ -338,10 +338,9 @@ mod tests {
     fn a_lock_with_a_digest_that_is_not_one_is_refused() {
         let text = "version = 1\n[[plugin]]\nname = \"a\"\nsource = \"a.wasm\"\nsha256 = \"xyz\"\ncontract = \"0.3.0\"\n";
         let error = Lock::parse(text, Path::new("keel.lock")).unwrap_err().to_string();
-        assert_eq!(
-            error,
-            "invalid config keel.lock: the sha256 of a is not 64 lowercase hex digits: \"xyz\""
-        );
+        assert_eq!(error, "invalid lock keel.lock: the sha256 of a is not 64 lowercase hex digits: \"xyz\"");
+        let error = Lock::parse("version = 1\ngarbage\n", Path::new("keel.lock")).unwrap_err().to_string();
+        assert_eq!(error, "invalid lock keel.lock: key with no value, expected `=` (line 2, column 8)");
     }
 
     #[test]
