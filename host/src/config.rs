@@ -217,7 +217,7 @@ where
     struct Whole;
     impl serde::de::Visitor<'_> for Whole {
         type Value = i64;
-        fn expecting(&self, formatter: &mut std::fmt::Formatter) -> std::fmt::Result {
+        fn expecting(&self, formatter: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
             formatter.write_str("a whole number")
         }
         fn visit_i64<E: serde::de::Error>(self, value: i64) -> std::result::Result<i64, E> {
