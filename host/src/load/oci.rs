@@ -249,11 +249,28 @@ impl Registries {
     }
 }
 
-/// The reference of `oci://…`, which must name a tag or a digest.
+/// The reference of `oci://…`, which must name its registry and a tag or
+/// a digest: left out, a registry would be Docker Hub's and a tag `latest`,
+/// as a container tool takes them, and `oci://registry/grep:1` would pull a
+/// stranger's image from Docker Hub rather than fail.
 fn parse(reference: &str) -> Result<Reference, String> {
     let rest =
         reference.strip_prefix(SCHEME).ok_or_else(|| format!("a plugin reference starts with {SCHEME}"))?;
     let parsed: Reference = rest.parse().map_err(|error| format!("not an OCI reference: {error}"))?;
+    // A registry is a first component with a dot or a port, or `localhost`,
+    // as OCI references tell it from a repository's first name.
+    let registry = rest.split_once('/').map(|(first, _)| first);
+    if !registry.is_some_and(|first| first.contains(['.', ':']) || first == "localhost") {
+        return Err(format!(
+            "no registry named; write its host first, such as {SCHEME}ghcr.io/{rest} or {SCHEME}localhost:5000/{rest}"
+        ));
+    }
+    let name = rest.rsplit_once('/').map_or(rest, |(_, name)| name);
+    if !name.contains([':', '@']) {
+        return Err(format!(
+            "no tag nor digest named; add one, such as {SCHEME}{rest}:1.0 or {SCHEME}{rest}@sha256:…"
+        ));
+    }
     if let Some(digest) = parsed.digest() {
         digest_hex(digest)?;
     }
@@ -350,6 +367,19 @@ mod tests {
     fn a_reference_needs_the_scheme_and_a_real_digest() {
         assert!(parse("127.0.0.1:5000/tools/grep:1").is_err());
         assert!(parse("oci://127.0.0.1:5000/tools/grep:1").is_ok());
+        assert!(parse("oci://ghcr.io/acme/grep:1").is_ok());
+        assert!(parse("oci://localhost/grep:1").is_ok());
+        assert_eq!(
+            parse("oci://registry/grep:1").unwrap_err(),
+            "no registry named; write its host first, such as oci://ghcr.io/registry/grep:1 or \
+             oci://localhost:5000/registry/grep:1"
+        );
+        assert!(parse("oci://grep:1").unwrap_err().starts_with("no registry named"));
+        assert_eq!(
+            parse("oci://localhost:5000/tools/grep").unwrap_err(),
+            "no tag nor digest named; add one, such as oci://localhost:5000/tools/grep:1.0 or \
+             oci://localhost:5000/tools/grep@sha256:…"
+        );
         assert!(parse("oci://127.0.0.1:5000/tools/grep@sha256:abc").is_err());
     }
 
