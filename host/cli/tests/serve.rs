@@ -684,7 +684,7 @@ fn a_request_too_large_to_read_gets_an_error_reply_to_its_id_and_the_server_goes
 }
 
 #[test]
-fn a_request_that_is_not_json_rpc_gets_an_error_reply_to_its_id_and_the_server_goes_on() {
+fn a_request_that_is_not_json_rpc_or_not_served_gets_an_error_reply_to_its_id_and_the_server_goes_on() {
     use std::io::{BufRead as _, Write as _};
     let workspace = tempfile::tempdir().unwrap();
     let mut child = keel_command(workspace.path(), &keel_args("serve", &[], &[]))
@@ -702,12 +702,13 @@ fn a_request_that_is_not_json_rpc_gets_an_error_reply_to_its_id_and_the_server_g
         r#"{"jsonrpc":"2.0","id":"three","method":"tools/list","params":[]}"#,
         r#"{"id":4,"method":"tools/list"}"#,
         r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}"#,
+        r#"{"jsonrpc":"2.0","id":6,"method":"resources/list"}"#,
     ];
     for line in lines {
         writeln!(stdin, "{line}").unwrap();
     }
     let mut replies = std::collections::BTreeMap::new();
-    while replies.len() < 5 {
+    while replies.len() < 6 {
         let line = stdout.next().expect("a reply for every request").unwrap();
         let reply: Value = serde_json::from_str(&line).unwrap();
         assert!(!reply["id"].is_null(), "every reply names its request: {reply}");
@@ -727,6 +728,10 @@ fn a_request_that_is_not_json_rpc_gets_an_error_reply_to_its_id_and_the_server_g
         (json!(-32600), json!("the request is not a JSON-RPC 2.0 request: `jsonrpc` must be \"2.0\""))
     );
     assert_eq!(replies["5"]["result"]["content"][0]["text"], "after");
+    assert_eq!(
+        error("6"),
+        (json!(-32601), json!("method not found: resources/list (keel serves tools only)"))
+    );
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -519,6 +519,48 @@ impl ServerHandler for Server {
         Err(ErrorData::new(rmcp::model::ErrorCode::METHOD_NOT_FOUND, message, None))
     }
 
+    // The methods of what keel does not serve (resources, prompts): their
+    // error says so, where rmcp's names only the method.
+    async fn list_resources(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourcesResult, ErrorData> {
+        Err(not_served::<rmcp::model::ListResourcesRequestMethod>())
+    }
+
+    async fn list_resource_templates(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListResourceTemplatesResult, ErrorData> {
+        Err(not_served::<rmcp::model::ListResourceTemplatesRequestMethod>())
+    }
+
+    async fn read_resource(
+        &self,
+        _request: rmcp::model::ReadResourceRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ReadResourceResponse, ErrorData> {
+        Err(not_served::<rmcp::model::ReadResourceRequestMethod>())
+    }
+
+    async fn list_prompts(
+        &self,
+        _request: Option<PaginatedRequestParams>,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::ListPromptsResult, ErrorData> {
+        Err(not_served::<rmcp::model::ListPromptsRequestMethod>())
+    }
+
+    async fn get_prompt(
+        &self,
+        _request: rmcp::model::GetPromptRequestParams,
+        _context: RequestContext<RoleServer>,
+    ) -> Result<rmcp::model::GetPromptResponse, ErrorData> {
+        Err(not_served::<rmcp::model::GetPromptRequestMethod>())
+    }
+
     async fn list_tools(
         &self,
         _request: Option<PaginatedRequestParams>,
@@ -654,6 +696,13 @@ fn annotations(spec: &ToolSpec, always_read_only: bool, grants: &Grants) -> Opti
         (false, true) => annotations.read_only(true),
         (false, false) => annotations.read_only(true).destructive(false),
     })
+}
+
+/// The method-not-found error of `M`, a method MCP defines that keel does
+/// not serve.
+fn not_served<M: rmcp::model::ConstString>() -> ErrorData {
+    let message = format!("method not found: {} (keel serves tools only)", M::VALUE);
+    ErrorData::new(rmcp::model::ErrorCode::METHOD_NOT_FOUND, message, None)
 }
 
 /// Why the params of `method` are not those MCP defines for it, when MCP
