@@ -41,6 +41,11 @@ const TARGET: &str = "wasm32-wasip2";
 /// The fixture case every new crate starts with.
 const CASE: &str = "hello";
 
+/// The crates a new tool's crate depends on (`new/Cargo.toml.tmpl`), as
+/// Rust names them: a crate of the same name would depend on itself, or
+/// shadow the one it uses.
+const DEPENDENCIES: &[&str] = &["keel_guest", "schemars", "serde"];
+
 /// Names a crate cannot take: Rust's keywords and the crates of the
 /// standard distribution.
 const RESERVED: &[&str] = &[
@@ -205,8 +210,12 @@ fn check_name(name: &str) -> Result<()> {
              starting with a letter (it names the crate too)"
         );
     }
-    if RESERVED.contains(&name.replace('-', "_").as_str()) {
+    let crate_name = name.replace('-', "_");
+    if RESERVED.contains(&crate_name.as_str()) {
         bail!("`{name}` cannot name a crate: it is reserved by Rust; pick another name");
+    }
+    if DEPENDENCIES.contains(&crate_name.as_str()) {
+        bail!("`{name}` cannot name the tool's crate: it depends on a crate of that name; pick another name");
     }
     Ok(())
 }
@@ -315,6 +324,11 @@ mod tests {
         assert!(error("Greet").starts_with("`Greet` cannot name a tool"));
         assert!(error("a b").starts_with("`a b` cannot name a tool"));
         assert_eq!(error("test"), "`test` cannot name a crate: it is reserved by Rust; pick another name");
+        assert_eq!(
+            error("keel-guest"),
+            "`keel-guest` cannot name the tool's crate: it depends on a crate of that name; pick another name"
+        );
+        assert!(error("serde").starts_with("`serde` cannot name the tool's crate"));
     }
 
     #[test]
