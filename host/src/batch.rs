@@ -135,6 +135,12 @@ pub fn parse_batch_bytes(bytes: &[u8], origin: &str, max_input: usize) -> Result
 /// fails the same way (serde_json's recursion limit).
 pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Result<Vec<ToolUse>> {
     let fail = |reason: String| Error::Batch { origin: origin.to_string(), reason };
+    // A byte order mark, as some editors write one, is not part of the JSON
+    // (RFC 8259 lets a reader ignore it).
+    let text = text.strip_prefix('\u{feff}').unwrap_or(text);
+    if text.trim().is_empty() {
+        return Err(fail("it is empty; expected an array of tool_use blocks or an assistant message".into()));
+    }
     let not_json = |error: serde_json::Error| fail(format!("not valid JSON: {error}"));
     // The list the calls are in, as errors name it (empty for a bare array,
     // so its entries are `[i]`), and whether entries that are not calls (a
@@ -309,6 +315,12 @@ mod tests {
     }
 
     #[test]
+    fn a_byte_order_mark_before_the_batch_is_ignored() {
+        let uses = parse_batch("\u{feff}[{\"id\":\"a\",\"name\":\"echo\"}]", "b.json").unwrap();
+        assert_eq!(uses, vec![ToolUse::new("a", "echo", json!({}))]);
+    }
+
+    #[test]
     fn an_input_that_is_broken_json_text_fails_only_that_call() {
         let uses = parse_batch(r#"[{"id":"a","name":"grep","input":"{\"pattern\": "}]"#, "b.json").unwrap();
         let error = uses[0].input.clone().unwrap_err();
@@ -339,6 +351,10 @@ mod tests {
             "failed to read batch b.json: expected an array of tool_use blocks or an assistant message"
         );
         assert!(error("[").starts_with("failed to read batch b.json: not valid JSON: "));
+        assert_eq!(
+            error(" \n"),
+            "failed to read batch b.json: it is empty; expected an array of tool_use blocks or an assistant message"
+        );
     }
 
     #[test]

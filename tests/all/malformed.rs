@@ -35,7 +35,7 @@ fn a_batch_that_is_not_json_is_refused() {
     );
     assert_eq!(
         batch_error(""),
-        "failed to read batch b.json: not valid JSON: EOF while parsing a value at line 1 column 0"
+        "failed to read batch b.json: it is empty; expected an array of tool_use blocks or an assistant message"
     );
 }
 
