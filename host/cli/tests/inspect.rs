@@ -186,8 +186,12 @@ fn errors_say_what_failed_where_and_what_to_do() {
     assert_eq!(
         stderr(&keel(&["inspect", "missing.wasm"], dir.path())),
         "error: no plugin at missing.wasm; pass the path of a tool's .wasm component \
-         (cargo puts it in target/wasm32-wasip2/release/)\n"
+         (cargo puts it in target/wasm32-wasip2/release/), or the name of a bundled tool\n"
     );
+    // A bare name is a bundled tool's.
+    let echo = stdout(&keel(&["inspect", "echo"], dir.path()));
+    assert!(echo.starts_with("echo ("), "{echo}");
+    assert!(echo.lines().next().unwrap().ends_with("keel_tool_echo.wasm)"), "{echo}");
 
     let other = dir.path().join("other.wasm");
     let component =

@@ -11,7 +11,7 @@ use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 
-use anyhow::{Context as _, Result, bail};
+use anyhow::{Context as _, Result, anyhow};
 use clap::Args;
 use keel_host::config::Config;
 use keel_host::load::{Access, Grants, PluginGrant, PluginTool, Runtime, default_cache_dir};
@@ -47,7 +47,8 @@ pub struct InspectArgs {
     /// Compile afresh and cache nothing.
     #[arg(long)]
     no_cache: bool,
-    /// The `.wasm` component.
+    /// The `.wasm` component, or the name of a tool bundled with this build
+    /// (`echo`).
     #[arg(value_name = "PLUGIN")]
     plugin: PathBuf,
 }
@@ -92,15 +93,30 @@ struct Answer {
     fallback: &'static str,
 }
 
+/// The file of `plugin`: the path itself, or the bundled tool of that name
+/// when nothing is at the path and it is a bare name.
+fn plugin_file(plugin: &Path) -> Result<PathBuf> {
+    if plugin.is_file() {
+        return Ok(plugin.to_path_buf());
+    }
+    let name = plugin.to_str().filter(|name| !name.contains(['/', '.']));
+    let bundled = name.and_then(|name| {
+        let file =
+            super::run::bundled_tools().ok()?.join(format!("keel_tool_{}.wasm", name.replace('-', "_")));
+        file.is_file().then_some(file)
+    });
+    bundled.ok_or_else(|| {
+        anyhow!(
+            "no plugin at {}; pass the path of a tool's .wasm component (cargo puts it in \
+             target/wasm32-wasip2/release/), or the name of a bundled tool",
+            plugin.display()
+        )
+    })
+}
+
 /// Load the plugin, ask its questions, print what it said.
 pub fn run(args: &InspectArgs) -> Result<()> {
-    if !args.plugin.is_file() {
-        bail!(
-            "no plugin at {}; pass the path of a tool's .wasm component (cargo puts it in \
-             target/wasm32-wasip2/release/)",
-            args.plugin.display()
-        );
-    }
+    let plugin = &plugin_file(&args.plugin)?;
     let workspace = match &args.workspace {
         Some(dir) => dir.clone(),
         None => std::env::current_dir()?,
@@ -129,16 +145,15 @@ pub fn run(args: &InspectArgs) -> Result<()> {
         runtime.block_on(async {
             let engine = Arc::new(Runtime::new(&limits, cache_dir)?);
             // Asked afresh: what is shown is what the plugin answers now.
-            let load = PluginTool::load_fresh(&engine, &args.plugin, &grants, &limits);
+            let load = PluginTool::load_fresh(&engine, plugin, &grants, &limits);
             let plugin =
                 crate::progress::shown("loading the plugin (compiling it if it is new to the cache)", load)
                     .await?;
             let at_load = warnings.take();
             let spec = plugin.spec().clone();
             let input = given_input.unwrap_or_else(|| sample(&spec.input_schema));
-            let schema = InputSchema::compile(&spec.input_schema).map_err(|reason| {
-                anyhow::anyhow!("the input schema of `{}` is invalid: {reason}", spec.name)
-            })?;
+            let schema = InputSchema::compile(&spec.input_schema)
+                .map_err(|reason| anyhow!("the input schema of `{}` is invalid: {reason}", spec.name))?;
             let answers = match schema.check(&input) {
                 Ok(()) => Ok(ask(&plugin, &input, &warnings).await),
                 Err(reason) => Err(reason),
@@ -150,9 +165,9 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     let origin =
         config_path.map_or_else(|| "defaults; no keel.toml".to_string(), |path| path.display().to_string());
     if args.json {
-        outln!("{}", serde_json::to_string_pretty(&report.to_json(&args.plugin, &grant))?)?;
+        outln!("{}", serde_json::to_string_pretty(&report.to_json(plugin, &grant))?)?;
     } else {
-        out!("{}", report.to_text(&args.plugin, &grant, &origin))?;
+        out!("{}", report.to_text(plugin, &grant, &origin))?;
     }
     Ok(())
 }
