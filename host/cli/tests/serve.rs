@@ -647,8 +647,9 @@ fn a_missing_plugin_path_is_refused_saying_what_to_pass() {
     );
 }
 
-#[test]
-fn a_request_too_large_to_read_gets_an_error_reply_to_its_id_and_the_server_goes_on() {
+/// Write `lines` to a `keel serve` on stdio as they are, and give its
+/// replies by their `id` (as JSON text) once `count` have come.
+fn replies_to_lines(lines: &[String], count: usize) -> std::collections::BTreeMap<String, Value> {
     use std::io::{BufRead as _, Write as _};
     let workspace = tempfile::tempdir().unwrap();
     let mut child = keel_command(workspace.path(), &keel_args("serve", &[], &[]))
@@ -658,62 +659,59 @@ fn a_request_too_large_to_read_gets_an_error_reply_to_its_id_and_the_server_goes
         .spawn()
         .unwrap();
     let mut stdin = child.stdin.take().unwrap();
+    for line in lines {
+        writeln!(stdin, "{line}").unwrap();
+    }
     let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let mut send = |message: Value| writeln!(stdin, "{message}").unwrap();
-    send(json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "1" } } }));
-    send(json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
-    let huge = "x".repeat(17 << 20);
-    send(json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
-                 "params": { "name": "echo", "arguments": { "text": huge } } }));
-    send(json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call",
-                 "params": { "name": "echo", "arguments": { "text": "after" } } }));
     let mut replies = std::collections::BTreeMap::new();
-    while replies.len() < 3 {
+    while replies.len() < count {
         let line = stdout.next().expect("a reply for every request").unwrap();
         let reply: Value = serde_json::from_str(&line).unwrap();
-        if let Some(id) = reply["id"].as_u64() {
-            replies.insert(id, reply);
-        }
+        assert!(!reply["id"].is_null(), "every reply names its request: {reply}");
+        replies.insert(reply["id"].to_string(), reply);
     }
-    let message = replies[&2]["error"]["message"].as_str().unwrap();
-    assert!(message.contains("over the 16 MiB limit of one message"), "{message}");
-    assert_eq!(replies[&3]["result"]["content"][0]["text"], "after");
     let _ = child.kill();
     let _ = child.wait();
+    replies
+}
+
+/// The lines that open a session on stdio.
+fn handshake() -> [String; 2] {
+    [
+        json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+            "protocolVersion": "2025-06-18", "capabilities": {}, "clientInfo": { "name": "t", "version": "1" } } })
+        .to_string(),
+        json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }).to_string(),
+    ]
+}
+
+#[test]
+fn a_request_too_large_to_read_gets_an_error_reply_to_its_id_and_the_server_goes_on() {
+    let huge = "x".repeat(17 << 20);
+    let calls = [
+        json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
+                "params": { "name": "echo", "arguments": { "text": huge } } }),
+        json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call",
+                "params": { "name": "echo", "arguments": { "text": "after" } } }),
+    ];
+    let lines: Vec<String> = handshake().into_iter().chain(calls.iter().map(Value::to_string)).collect();
+    let replies = replies_to_lines(&lines, 3);
+    let message = replies["2"]["error"]["message"].as_str().unwrap();
+    assert!(message.contains("over the 16 MiB limit of one message"), "{message}");
+    assert_eq!(replies["3"]["result"]["content"][0]["text"], "after");
 }
 
 #[test]
 fn a_request_that_is_not_json_rpc_or_not_served_gets_an_error_reply_to_its_id_and_the_server_goes_on() {
-    use std::io::{BufRead as _, Write as _};
-    let workspace = tempfile::tempdir().unwrap();
-    let mut child = keel_command(workspace.path(), &keel_args("serve", &[], &[]))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(stderr_file(workspace.path()))
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
     let lines = [
-        r#"{"jsonrpc":"2.0","id":1,"method":"initialize","params":{"protocolVersion":"2025-06-18","capabilities":{},"clientInfo":{"name":"t","version":"1"}}}"#,
-        r#"{"jsonrpc":"2.0","method":"notifications/initialized"}"#,
         r#"{"jsonrpc":"2.0","id":2,"method":"tools/call","params":{"name":"echo","arguments":{"text": }}}"#,
         r#"{"jsonrpc":"2.0","id":"three","method":"tools/list","params":[]}"#,
         r#"{"id":4,"method":"tools/list"}"#,
         r#"{"jsonrpc":"2.0","id":5,"method":"tools/call","params":{"name":"echo","arguments":{"text":"after"}}}"#,
         r#"{"jsonrpc":"2.0","id":6,"method":"resources/list"}"#,
     ];
-    for line in lines {
-        writeln!(stdin, "{line}").unwrap();
-    }
-    let mut replies = std::collections::BTreeMap::new();
-    while replies.len() < 6 {
-        let line = stdout.next().expect("a reply for every request").unwrap();
-        let reply: Value = serde_json::from_str(&line).unwrap();
-        assert!(!reply["id"].is_null(), "every reply names its request: {reply}");
-        replies.insert(reply["id"].to_string(), reply);
-    }
+    let lines: Vec<String> = handshake().into_iter().chain(lines.map(String::from)).collect();
+    let replies = replies_to_lines(&lines, 6);
     let error = |id: &str| (replies[id]["error"]["code"].clone(), replies[id]["error"]["message"].clone());
     assert_eq!(
         error("2"),
@@ -732,8 +730,6 @@ fn a_request_that_is_not_json_rpc_or_not_served_gets_an_error_reply_to_its_id_an
         error("6"),
         (json!(-32601), json!("method not found: resources/list (keel serves tools only)"))
     );
-    let _ = child.kill();
-    let _ = child.wait();
 }
 
 /// A client whose user answers every approval question with `answer`,
