@@ -322,21 +322,18 @@ impl HostBuilder {
         {
             std::panic::resume_unwind(error.into_panic());
         }
-        let (pool, warnings) = ToolPool::assemble_with(builtins, plugins, options)?;
-        let pool_warnings = warnings.len();
+        let (pool, mut warnings) = ToolPool::assemble_with(builtins, plugins, options)?;
         let session_dir = self.session_dir.unwrap_or_else(|| workspace.join(DEFAULT_SESSION_DIR));
         // Persisted outputs are shown by a path the model can open with
         // `Read`: relative to the workspace when the session lives in it.
         let shown = session_dir.strip_prefix(&workspace).unwrap_or(&session_dir).display().to_string();
         let budget = Budget::new(&self.config.budget, &session_dir).shown_root(shown);
-        let mut warnings = warnings;
-        // The budget logged its own as it was made.
-        warnings.extend(budget.warnings().iter().cloned());
-        let checked = budget.check_tools(pool.entries().iter().map(|entry| entry.tool.spec()));
-        for warning in warnings.iter().take(pool_warnings).chain(&checked) {
+        warnings.extend(budget.check_tools(pool.entries().iter().map(|entry| entry.tool.spec())));
+        for warning in &warnings {
             tracing::warn!("{warning}");
         }
-        warnings.extend(checked);
+        // Those of the budget's overrides, it logged as it was made.
+        warnings.extend(budget.warnings().iter().cloned());
         let options = RunOptions {
             cap: scheduler::max_tool_use_concurrency(self.config.max_tool_use_concurrency),
             batch_fuel: Some(limits.batch_fuel),
