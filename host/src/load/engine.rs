@@ -683,9 +683,11 @@ impl Exceeded {
             let (_, rest) = cause.split_once(text)?;
             rest.split(' ').next()?.parse::<usize>().ok()
         };
-        let over = cause.contains("which exceeds the limit of");
+        if !cause.contains("which exceeds the limit of") {
+            return None;
+        }
         let memory = number_after("memory has a minimum byte size of ").map(Exceeded::Memory);
-        over.then(|| memory.or_else(|| number_after("has a minimum element size of ").map(Exceeded::Table)))?
+        memory.or_else(|| number_after("has a minimum element size of ").map(Exceeded::Table))
     }
 }
 
