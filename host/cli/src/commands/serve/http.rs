@@ -632,7 +632,7 @@ where
         Err(never) => match never {},
     };
     if response.status() == StatusCode::UNSUPPORTED_MEDIA_TYPE {
-        return unreadable(response).await;
+        return unreadable_body(response).await;
     }
     response
 }
@@ -645,7 +645,7 @@ const UNREADABLE_BODY: &str = "fail to deserialize request body ";
 /// JSON-RPC error of no id (the exchange is the request's own) saying what
 /// is wrong, as a stdio request gets it. Any other `415` (a body that is not
 /// `application/json`) as it is.
-async fn unreadable(response: Response<Body>) -> Response<Body> {
+async fn unreadable_body(response: Response<Body>) -> Response<Body> {
     let (parts, body) = response.into_parts();
     let Ok(text) = body.collect().await.map(|body| body.to_bytes());
     let Some(reason) = std::str::from_utf8(&text).ok().and_then(|text| text.strip_prefix(UNREADABLE_BODY))
