@@ -119,6 +119,13 @@ impl Registries {
         let fail =
             |reason: String| Error::Registry { action: "push", reference: reference.to_owned(), reason };
         let parsed = parse(reference).map_err(fail)?;
+        if parsed.digest().is_some() {
+            let tagged = reference.split_once('@').map_or(reference, |(name, _)| name);
+            return Err(fail(format!(
+                "a push names a tag, such as {tagged}:1.0, not a digest: the digest is that of the bytes \
+                 pushed, and is printed once they are"
+            )));
+        }
         let layer_digest = format!("sha256:{}", sha256_hex(&bytes));
         let config = serde_json::json!({
             "architecture": "wasm",
@@ -381,6 +388,24 @@ mod tests {
              oci://localhost:5000/tools/grep@sha256:…"
         );
         assert!(parse("oci://127.0.0.1:5000/tools/grep@sha256:abc").is_err());
+    }
+
+    #[test]
+    fn a_push_names_a_tag_not_a_digest() {
+        let registries = Registries::new(Path::new("/nonexistent"), &[]);
+        let reference = format!("oci://localhost:5000/tools/grep@sha256:{}", "a".repeat(64));
+        let error = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap()
+            .block_on(registries.push(&reference, Vec::new()))
+            .unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            format!(
+                "failed to push {reference}: a push names a tag, such as oci://localhost:5000/tools/grep:1.0, \
+                 not a digest: the digest is that of the bytes pushed, and is printed once they are"
+            )
+        );
     }
 
     #[test]
