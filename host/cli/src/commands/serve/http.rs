@@ -73,11 +73,11 @@ pub struct HttpArgs {
     pub allow_origins: Vec<String>,
     /// The largest request body accepted, in KiB; a larger one gets `413`
     /// before it is parsed.
-    #[arg(long, value_name = "KIB", default_value_t = 4096 + 64, requires = "http")]
-    pub max_body_kib: usize,
+    #[arg(long, value_name = "KIB", default_value_t = 4096 + 64, requires = "http", value_parser = one_or_more)]
+    pub max_body_kib: u64,
     /// Seconds a client may take to send a request's head, and a
     /// connection may stay idle, before it is cut off.
-    #[arg(long, value_name = "SECS", default_value_t = 30, requires = "http")]
+    #[arg(long, value_name = "SECS", default_value_t = 30, requires = "http", value_parser = one_or_more)]
     pub idle_timeout_secs: u64,
 }
 
@@ -91,6 +91,21 @@ fn allowed_host(value: &str) -> Result<String, String> {
         Err("a Host is a name or address with an optional port, such as tools.example.com or 10.0.0.5:7331, \
              without a scheme or path"
             .into())
+    }
+}
+
+/// `kib` KiB in bytes, or as many as a `usize` holds.
+fn bytes_of_kib(kib: u64) -> usize {
+    usize::try_from(kib.saturating_mul(1 << 10)).unwrap_or(usize::MAX)
+}
+
+/// A count of `--max-body-kib` or `--idle-timeout-secs`: 0 would refuse
+/// every request, or cut every client off at once.
+fn one_or_more(value: &str) -> Result<u64, String> {
+    match value.parse::<u64>() {
+        Ok(0) => Err("must be 1 or more".into()),
+        Ok(count) => Ok(count),
+        Err(error) => Err(error.to_string()),
     }
 }
 
@@ -206,7 +221,7 @@ pub async fn serve(
         .with_allowed_hosts(hosts)
         .with_allowed_origins(origins)
         .enforce_origin_validation()
-        .with_max_request_body_bytes(args.max_body_kib << 10)
+        .with_max_request_body_bytes(bytes_of_kib(args.max_body_kib))
         .with_cancellation_token(cancel.child_token());
     let mcp = StreamableHttpService::new(
         move || Ok(server.for_client()),
@@ -227,7 +242,7 @@ pub async fn serve(
     // carries one request at a time, so it loses no parallelism; an HTTP/2
     // one carries many at once, and is handed back to the shared runtime,
     // whose workers share its calls.
-    let idle = Duration::from_secs(args.idle_timeout_secs.max(1));
+    let idle = Duration::from_secs(args.idle_timeout_secs);
     let shared = tokio::runtime::Handle::current();
     let connection = Connections { mcp, token, metrics, idle, stopping: stopping.clone(), shared };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
@@ -742,6 +757,11 @@ mod tests {
         let given = Cli::parse_from(["keel", "--http", "127.0.0.1:9000"]);
         assert_eq!(given.http.http, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(Cli::parse_from(["keel"]).http.http, None, "stdio unless asked");
+        for flag in ["--max-body-kib", "--idle-timeout-secs"] {
+            let error = Cli::try_parse_from(["keel", "--http", flag, "0"]).err().unwrap().to_string();
+            assert!(error.contains("must be 1 or more"), "{flag}: {error}");
+        }
+        assert_eq!(bytes_of_kib(18_014_398_509_481_984), usize::MAX, "as many as can be, never wrapped to 0");
     }
 
     #[test]
