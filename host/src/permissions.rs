@@ -216,7 +216,17 @@ impl Rule {
 
     /// Whether the rule names this tool, by its name or one of its aliases.
     pub fn names(&self, spec: &ToolSpec) -> bool {
-        self.tool.is_match(&spec.name) || spec.aliases.iter().any(|alias| self.tool.is_match(alias))
+        self.names_tool(&spec.name) || spec.aliases.iter().any(|alias| self.names_tool(alias))
+    }
+
+    /// Whether the rule's tool part matches `name`.
+    pub fn names_tool(&self, name: &str) -> bool {
+        self.tool.is_match(name)
+    }
+
+    /// The rule's tool part as written: a name, or a glob of names.
+    pub fn tool(&self) -> &str {
+        self.tool.glob().glob()
     }
 
     /// The matcher, for the pool filter and the call check alike.

@@ -95,8 +95,14 @@ impl ToolPool {
         builtins.sort_by(|a, b| a.spec().name.cmp(&b.spec().name));
         plugins.sort_by(|a, b| a.spec().name.cmp(&b.spec().name));
         let permissions = options.permissions;
-        let mut pool = ToolPool { entries: Vec::new(), index: HashMap::new(), permissions, deferral: false };
-        let mut warnings = Vec::new();
+        let mut pool = ToolPool {
+            entries: Vec::new(),
+            index: HashMap::new(),
+            permissions: permissions.clone(),
+            deferral: false,
+        };
+        let mut warnings =
+            unmatched_rules(&permissions, builtins.iter().chain(&plugins), options.tool_search);
         for tool in builtins.into_iter().chain(plugins) {
             let spec = tool.spec();
             if !spec.enabled {
@@ -214,17 +220,49 @@ impl ToolPool {
 
     /// Names close to `name`, closest first: for "no such tool" errors.
     pub fn close_names(&self, name: &str) -> Vec<&str> {
-        let wanted = name.to_lowercase();
-        let mut scored: Vec<(f64, &str)> = self
-            .entries
-            .iter()
-            .map(|entry| entry.tool.spec().name.as_str())
-            .map(|candidate| (strsim::jaro_winkler(&wanted, &candidate.to_lowercase()), candidate))
-            .filter(|(score, _)| *score >= 0.8)
-            .collect();
-        scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
-        scored.into_iter().take(3).map(|(_, name)| name).collect()
+        close_names(name, self.entries.iter().map(|entry| entry.tool.spec().name.as_str()))
     }
+}
+
+/// Up to three of `candidates` close to `name` (Jaro-Winkler 0.8 or more,
+/// case aside), closest first.
+fn close_names<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+    let wanted = name.to_lowercase();
+    let mut scored: Vec<(f64, &str)> = candidates
+        .map(|candidate| (strsim::jaro_winkler(&wanted, &candidate.to_lowercase()), candidate))
+        .filter(|(score, _)| *score >= 0.8)
+        .collect();
+    scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
+    scored.into_iter().take(3).map(|(_, name)| name).collect()
+}
+
+/// A warning for each `[permissions]` rule that names none of `tools` (nor
+/// the built-in tool search, when it may be offered): a typo in a `deny`
+/// rule would otherwise leave the tool it meant allowed, without a word.
+fn unmatched_rules<'a>(
+    permissions: &Permissions,
+    tools: impl Iterator<Item = &'a Arc<dyn Tool>> + Clone,
+    tool_search: bool,
+) -> Vec<String> {
+    let config = permissions.config();
+    let lists = [("allow", &config.allow), ("ask", &config.ask), ("deny", &config.deny)];
+    let mut warnings = Vec::new();
+    for (list, rule) in lists.into_iter().flat_map(|(list, rules)| rules.iter().map(move |rule| (list, rule)))
+    {
+        let named = tools.clone().any(|tool| rule.names(tool.spec()))
+            || (tool_search && rule.names_tool(TOOL_SEARCH));
+        if named {
+            continue;
+        }
+        let mut warning =
+            format!("the `[permissions]` {list} rule `{}` names no tool of this run", rule.as_str());
+        let close = close_names(rule.tool(), tools.clone().map(|tool| tool.spec().name.as_str()));
+        if !close.is_empty() {
+            warning.push_str(&format!("; did you mean {}?", close.join(", ")));
+        }
+        warnings.push(warning);
+    }
+    warnings
 }
 
 fn describe(origin: &ToolOrigin) -> String {

@@ -204,6 +204,25 @@ fn a_deny_rule_naming_an_alias_removes_the_tool() {
 }
 
 #[test]
+fn a_rule_that_names_no_tool_is_warned_of_with_the_names_it_is_close_to() {
+    let grep = tool("grep", plugin_origin("grep"), |spec| spec.aliases = vec!["search".into()]);
+    let rules = "[permissions]\nallow = [\"Raed\"]\ndeny = [\"gerp(secret/**)\", \"acme__*\", \"search\", \
+                 \"ToolSearch\", \"hash\"]\n";
+    let (_, warnings) =
+        ToolPool::assemble_with(vec![builtin("Read")], vec![grep, plugin("hash")], with_rules(rules))
+            .unwrap();
+    assert_eq!(
+        warnings,
+        [
+            "the `[permissions]` allow rule `Raed` names no tool of this run; did you mean Read?",
+            "the `[permissions]` deny rule `gerp(secret/**)` names no tool of this run; did you mean grep?",
+            "the `[permissions]` deny rule `acme__*` names no tool of this run",
+        ],
+        "a rule naming an alias, a tool the deny removes, or the tool search names a tool"
+    );
+}
+
+#[test]
 fn a_deny_rule_in_keel_toml_removes_real_plugins_from_the_host() {
     let workspace = tempfile::tempdir().unwrap();
     let config = Config::parse("[permissions]\ndeny = [\"write_*\"]\n", "keel.toml".as_ref()).unwrap();
