@@ -81,7 +81,7 @@ pub struct CacheConfig {
 pub struct RegistriesConfig {
     /// Registries (`host:port`) spoken to over plain HTTP although they are
     /// not on the loopback address; a loopback registry always is.
-    #[serde(default)]
+    #[serde(default, deserialize_with = "registries")]
     pub insecure: Vec<String>,
 }
 
@@ -238,6 +238,24 @@ where
     T::try_from(value).map(Some).map_err(|_| D::Error::custom(format!("{value} is too large")))
 }
 
+/// Registries as an `oci://` reference names them, `host[:port]`: an entry
+/// with a scheme or a path could never match one, and would be ignored.
+fn registries<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Vec<String>, D::Error> {
+    let entries = Vec::<String>::deserialize(deserializer)?;
+    let refused = entries.iter().find(|entry| {
+        entry.is_empty() || entry.contains(['/', '@', '?', '#']) || entry.contains(char::is_whitespace)
+    });
+    match refused {
+        Some(entry) => Err(serde::de::Error::custom(format!(
+            "{entry:?} is not a registry: write its host and port as a reference names them, such as \
+             \"registry.internal:5000\""
+        ))),
+        None => Ok(entries),
+    }
+}
+
 /// `memory_mib`: from 1 to 4096.
 fn memory_mib<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
@@ -311,6 +329,19 @@ mod tests {
         let limits = Config::parse(text, Path::new("keel.toml")).unwrap().limits.apply(Limits::default());
         assert_eq!((limits.network_requests, limits.network_connections), (0, 0));
         assert_eq!(limits.input, usize::MAX, "a size too large for its unit is as large as can be, not 0");
+    }
+
+    #[test]
+    fn an_insecure_registry_is_a_host_and_port() {
+        let config =
+            Config::parse("[registries]\ninsecure = [\"registry.internal:5000\"]\n", Path::new("k.toml"));
+        assert_eq!(config.unwrap().registries.insecure, ["registry.internal:5000"]);
+        let error = Config::parse("[registries]\ninsecure = [\"http://x:5000\"]\n", Path::new("k.toml"));
+        assert_eq!(
+            error.unwrap_err().to_string(),
+            "invalid config k.toml: \"http://x:5000\" is not a registry: write its host and port as a reference \
+             names them, such as \"registry.internal:5000\" (line 2, column 12)"
+        );
     }
 
     #[test]
