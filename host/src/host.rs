@@ -322,7 +322,21 @@ impl HostBuilder {
         {
             std::panic::resume_unwind(error.into_panic());
         }
+        let names: Vec<&str> =
+            builtins.iter().chain(&plugins).map(|tool| tool.spec().name.as_str()).collect();
+        let ungranted: Vec<String> = grants
+            .unmatched(&names)
+            .into_iter()
+            .map(|pattern| {
+                let warning = format!("`[plugins.{pattern}]` grants no tool of this run");
+                match crate::pool::close_names(pattern, names.iter().copied()).as_slice() {
+                    [] => warning,
+                    close => format!("{warning}; did you mean {}?", close.join(", ")),
+                }
+            })
+            .collect();
         let (pool, mut warnings) = ToolPool::assemble_with(builtins, plugins, options)?;
+        warnings.extend(ungranted);
         let session_dir = self.session_dir.unwrap_or_else(|| workspace.join(DEFAULT_SESSION_DIR));
         // Persisted outputs are shown by a path the model can open with
         // `Read`: relative to the workspace when the session lives in it.

@@ -226,7 +226,7 @@ impl ToolPool {
 
 /// Up to three of `candidates` close to `name` (Jaro-Winkler 0.8 or more,
 /// case aside), closest first.
-fn close_names<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+pub(crate) fn close_names<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     let wanted = name.to_lowercase();
     let mut scored: Vec<(f64, &str)> = candidates
         .map(|candidate| (strsim::jaro_winkler(&wanted, &candidate.to_lowercase()), candidate))

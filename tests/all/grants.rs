@@ -318,3 +318,20 @@ fn a_bad_grant_stops_the_host_naming_the_section() {
         "invalid grant [plugins.\"hostile\"]: mount \"/workspace\" overlaps the workspace at /workspace"
     );
 }
+
+#[test]
+fn a_section_that_grants_no_tool_of_the_run_is_warned_of_with_the_names_it_is_close_to() {
+    let workspace = tempfile::tempdir().unwrap();
+    let text = "[plugins.gerp]\naccess = \"read-only\"\n[plugins.\"acme_*\"]\nenv = [\"HOME\"]\n\
+                [plugins.\"write_*\"]\naccess = \"read-only\"\n[plugins.Read]\naccess = \"read-only\"\n";
+    let config = Config::parse(text, "keel.toml".as_ref()).unwrap();
+    let host = block_on(crate::example_host(workspace.path()).config(config).build()).unwrap();
+    assert_eq!(
+        host.warnings(),
+        [
+            "`[plugins.acme_*]` grants no tool of this run",
+            "`[plugins.gerp]` grants no tool of this run; did you mean grep?",
+        ],
+        "a section of a tool, a pattern of some, or the built-in Read's grants a tool"
+    );
+}

@@ -228,6 +228,16 @@ impl Grants {
         &self.workspace
     }
 
+    /// The sections (`[plugins.PATTERN]`) that apply to none of `names`.
+    pub fn unmatched<'a>(&'a self, names: &[&str]) -> Vec<&'a str> {
+        let applies = |pattern: &str, name: &str| pattern == name || glob_matches(pattern, name);
+        self.sections
+            .iter()
+            .map(|(pattern, _)| pattern.as_str())
+            .filter(|pattern| !names.iter().any(|name| applies(pattern, name)))
+            .collect()
+    }
+
     /// The grant of the tool called `name`.
     pub fn for_tool(&self, name: &str) -> PluginGrant {
         if let Some((_, grant)) = self.sections.iter().find(|(pattern, _)| pattern == name) {
