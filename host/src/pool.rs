@@ -101,8 +101,8 @@ impl ToolPool {
             permissions: permissions.clone(),
             deferral: false,
         };
-        let mut warnings =
-            unmatched_rules(&permissions, builtins.iter().chain(&plugins), options.tool_search);
+        let all: Vec<&Arc<dyn Tool>> = builtins.iter().chain(&plugins).collect();
+        let mut warnings = unmatched_rules(&permissions, &all, options.tool_search);
         for tool in builtins.into_iter().chain(plugins) {
             let spec = tool.spec();
             if !spec.enabled {
@@ -239,24 +239,20 @@ pub(crate) fn close_names<'a>(name: &str, candidates: impl Iterator<Item = &'a s
 /// A warning for each `[permissions]` rule that names none of `tools` (nor
 /// the built-in tool search, when it may be offered): a typo in a `deny`
 /// rule would otherwise leave the tool it meant allowed, without a word.
-fn unmatched_rules<'a>(
-    permissions: &Permissions,
-    tools: impl Iterator<Item = &'a Arc<dyn Tool>> + Clone,
-    tool_search: bool,
-) -> Vec<String> {
+fn unmatched_rules(permissions: &Permissions, tools: &[&Arc<dyn Tool>], tool_search: bool) -> Vec<String> {
     let config = permissions.config();
     let lists = [("allow", &config.allow), ("ask", &config.ask), ("deny", &config.deny)];
     let mut warnings = Vec::new();
     for (list, rule) in lists.into_iter().flat_map(|(list, rules)| rules.iter().map(move |rule| (list, rule)))
     {
-        let named = tools.clone().any(|tool| rule.names(tool.spec()))
-            || (tool_search && rule.names_tool(TOOL_SEARCH));
+        let named =
+            tools.iter().any(|tool| rule.names(tool.spec())) || (tool_search && rule.names_tool(TOOL_SEARCH));
         if named {
             continue;
         }
         let mut warning =
             format!("the `[permissions]` {list} rule `{}` names no tool of this run", rule.as_str());
-        let close = close_names(rule.tool(), tools.clone().map(|tool| tool.spec().name.as_str()));
+        let close = close_names(rule.tool(), tools.iter().map(|tool| tool.spec().name.as_str()));
         if !close.is_empty() {
             warning.push_str(&format!("; did you mean {}?", close.join(", ")));
         }
