@@ -27,6 +27,11 @@ impl std::error::Error for StdoutError {
     }
 }
 
+/// `count` of `noun`, for a person: `1 plugin`, `2 plugins`.
+pub fn counted(count: usize, noun: &str) -> String {
+    format!("{count} {noun}{}", if count == 1 { "" } else { "s" })
+}
+
 /// A size for a person: `512 B`, `3.4 KiB`, `1.1 MiB`.
 pub fn size(bytes: u64) -> String {
     match bytes {

@@ -38,10 +38,7 @@ pub fn run(args: &LockArgs) -> Result<()> {
     }
     let lock = Lock::new(entries);
     lock.write(pins.lock_path())?;
-    let pinned = match lock.plugins.len() {
-        1 => "1 plugin".to_owned(),
-        n => format!("{n} plugins"),
-    };
+    let pinned = super::counted(lock.plugins.len(), "plugin");
     eprintln!("wrote {}: {pinned} pinned", pins.lock_path().display());
     Ok(())
 }

@@ -61,10 +61,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
     outln!("\n{} passed, {} failed", cases.len() - failed.len(), failed.len())?;
     if !failed.is_empty() {
         outln!("to accept the new output: KEEL_BLESS=1 keel test {}", args.dir.display())?;
-        match failed.len() {
-            1 => bail!("1 fixture case failed"),
-            n => bail!("{n} fixture cases failed"),
-        }
+        bail!("{} failed", super::counted(failed.len(), "fixture case"));
     }
     Ok(())
 }

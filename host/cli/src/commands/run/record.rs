@@ -263,10 +263,7 @@ pub fn group_label(group: &PlannedGroup, recording: &Recording) -> String {
                 recording.calls.iter().find(|call| &call.tool_use_id == id).map(|call| call.tool.as_str());
             format!("alone: {}", tool.unwrap_or(id))
         }
-        ids => {
-            let s = if ids.len() == 1 { "" } else { "s" };
-            format!("concurrent run ({} call{s})", ids.len())
-        }
+        ids => format!("concurrent run ({})", crate::commands::counted(ids.len(), "call")),
     }
 }
 

@@ -6,24 +6,19 @@ use std::fmt::Write as _;
 use keel_host::events::Step;
 
 use super::record::{CallRecord, Recording};
-use crate::commands::size;
+use crate::commands::{counted, size};
 
 /// `5 calls, 1 error, 412 ms; slowest: grep (t3) 230 ms`: the calls of the
 /// batch, those whose result is an error, the batch's wall time, and the
 /// call whose turn took longest.
 pub fn summary(recording: &Recording, calls: usize, errors: usize, wall_us: u64) -> String {
-    let mut line =
-        format!("{calls} call{}, {errors} error{}, {}", plural(calls), plural(errors), duration(wall_us));
+    let mut line = format!("{}, {}, {}", counted(calls, "call"), counted(errors, "error"), duration(wall_us));
     let slowest =
         recording.calls.iter().filter_map(|call| Some((call.wall_us()?, call))).max_by_key(|(wall, _)| *wall);
     if let Some((wall, call)) = slowest {
         let _ = write!(line, "; slowest: {} ({}) {}", call.tool, call.tool_use_id, duration(wall));
     }
     line
-}
-
-fn plural(count: usize) -> &'static str {
-    if count == 1 { "" } else { "s" }
 }
 
 /// The columns of `--stats`.

@@ -114,9 +114,8 @@ pub fn page(recording: &Recording, title: &str, summary: &str) -> String {
         );
         // The label inside when it fits, else a shorter one; its tooltip
         // always has it.
-        let calls = group.tool_use_ids.len();
         let short = if group.concurrent {
-            format!("{calls} call{}", if calls == 1 { "" } else { "s" })
+            crate::commands::counted(group.tool_use_ids.len(), "call")
         } else {
             label.trim_start_matches("alone: ").to_string()
         };
