@@ -138,9 +138,6 @@ pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Res
     // A byte order mark, as some editors write one, is not part of the JSON
     // (RFC 8259 lets a reader ignore it).
     let text = text.strip_prefix('\u{feff}').unwrap_or(text);
-    if text.trim().is_empty() {
-        return Err(fail("it is empty; expected an array of tool_use blocks or an assistant message".into()));
-    }
     let not_json = |error: serde_json::Error| fail(format!("not valid JSON: {error}"));
     // The list the calls are in, as errors name it (empty for a bare array,
     // so its entries are `[i]`), and whether entries that are not calls (a
@@ -168,6 +165,11 @@ pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Res
                 (None, Some(Ok(blocks))) => (blocks, "content", true),
                 (None, _) => return Err(fail("the message has no `content` array nor `tool_calls`".into())),
             }
+        }
+        None => {
+            return Err(fail(
+                "it is empty; expected an array of tool_use blocks or an assistant message".into(),
+            ));
         }
         _ => {
             serde_json::from_str::<serde::de::IgnoredAny>(text).map_err(not_json)?;
