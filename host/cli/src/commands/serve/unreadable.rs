@@ -144,12 +144,8 @@ impl<R> BoundedLines<R> {
     fn replace(&mut self, size: usize) {
         match request_id(&self.held) {
             Some(id) => {
-                let stand_in = format!(
-                    "{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"{TOO_LARGE_METHOD}\",\
-                     \"params\":{{\"bytes\":{size},\"limit\":{}}}}}\n",
-                    self.cap
-                );
-                self.out.extend_from_slice(stand_in.as_bytes());
+                let params = serde_json::json!({ "bytes": size, "limit": self.cap });
+                self.out.extend_from_slice(request_line(&id, TOO_LARGE_METHOD, &params).as_bytes());
             }
             None => tracing::warn!(
                 bytes = size,
@@ -214,15 +210,19 @@ impl<R: AsyncRead + Unpin> AsyncRead for BoundedLines<R> {
 pub fn stand_in(line: &[u8]) -> Option<String> {
     let (code, message) = fault(line)?;
     let members = leading_members(line);
-    let member = |name: &[u8]| members.iter().find(|(key, _)| *key == name).map(|(_, value)| *value);
-    let id = member(b"id").and_then(as_id)?;
-    member(b"method")?;
+    let id = id_of(&members)?;
+    members.iter().any(|(key, _)| *key == b"method").then_some(())?;
     // Only what rmcp refuses: whatever it reads is its to answer.
     if serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(line).is_ok() {
         return None;
     }
     let params = serde_json::json!({ "code": code.0, "message": message });
-    Some(format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"{INVALID_METHOD}\",\"params\":{params}}}\n"))
+    Some(request_line(&id, INVALID_METHOD, &params))
+}
+
+/// The line of a JSON-RPC request of `id` (JSON text), `method` and `params`.
+fn request_line(id: &str, method: &str, params: &serde_json::Value) -> String {
+    format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"{method}\",\"params\":{params}}}\n")
 }
 
 /// What is wrong with `line` as a JSON-RPC 2.0 request, as the error
@@ -265,15 +265,15 @@ fn fault(line: &[u8]) -> Option<(ErrorCode, String)> {
 /// The `id` of the JSON-RPC request whose text starts with `start`, as JSON
 /// text (`7`, `"abc"`), when its top-level object names one in `start`.
 pub fn request_id(start: &[u8]) -> Option<String> {
-    let members = leading_members(start);
-    let (_, id) = members.iter().find(|(key, _)| *key == b"id")?;
-    as_id(id)
+    id_of(&leading_members(start))
 }
 
-/// `value`, JSON text, as a request id: a string or a number.
-fn as_id(value: &[u8]) -> Option<String> {
-    let is_id = value.first().is_some_and(|b| *b == b'"' || *b == b'-' || b.is_ascii_digit());
-    is_id.then(|| String::from_utf8_lossy(value).into_owned())
+/// The `id` among `members` (see [`leading_members`]) as JSON text, when it
+/// is one a request may have: a string or a number.
+fn id_of(members: &[(&[u8], &[u8])]) -> Option<String> {
+    let (_, id) = members.iter().find(|(key, _)| *key == b"id")?;
+    let is_id = id.first().is_some_and(|b| *b == b'"' || *b == b'-' || b.is_ascii_digit());
+    is_id.then(|| String::from_utf8_lossy(id).into_owned())
 }
 
 /// The members of the JSON object whose text starts with `start`, in order,
