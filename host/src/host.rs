@@ -329,10 +329,7 @@ impl HostBuilder {
             .into_iter()
             .map(|pattern| {
                 let warning = format!("`[plugins.{pattern}]` grants no tool of this run");
-                match crate::pool::close_names(pattern, names.iter().copied()).as_slice() {
-                    [] => warning,
-                    close => format!("{warning}; did you mean {}?", close.join(", ")),
-                }
+                crate::pool::suggesting(warning, pattern, names.iter().copied())
             })
             .collect();
         let (pool, mut warnings) = ToolPool::assemble_with(builtins, plugins, options)?;

@@ -226,7 +226,7 @@ impl ToolPool {
 
 /// Up to three of `candidates` close to `name` (Jaro-Winkler 0.8 or more,
 /// case aside), closest first.
-pub(crate) fn close_names<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
+fn close_names<'a>(name: &str, candidates: impl Iterator<Item = &'a str>) -> Vec<&'a str> {
     let wanted = name.to_lowercase();
     let mut scored: Vec<(f64, &str)> = candidates
         .map(|candidate| (strsim::jaro_winkler(&wanted, &candidate.to_lowercase()), candidate))
@@ -234,6 +234,19 @@ pub(crate) fn close_names<'a>(name: &str, candidates: impl Iterator<Item = &'a s
         .collect();
     scored.sort_by(|a, b| b.0.total_cmp(&a.0).then(a.1.cmp(b.1)));
     scored.into_iter().take(3).map(|(_, name)| name).collect()
+}
+
+/// `warning` about `name`, ending with the `candidates` close to it, if
+/// any: `…; did you mean grep?`.
+pub(crate) fn suggesting<'a>(
+    warning: String,
+    name: &str,
+    candidates: impl Iterator<Item = &'a str>,
+) -> String {
+    match close_names(name, candidates).as_slice() {
+        [] => warning,
+        close => format!("{warning}; did you mean {}?", close.join(", ")),
+    }
 }
 
 /// A warning for each `[permissions]` rule that names none of `tools` (nor
@@ -250,13 +263,9 @@ fn unmatched_rules(permissions: &Permissions, tools: &[&Arc<dyn Tool>], tool_sea
         if named {
             continue;
         }
-        let mut warning =
+        let warning =
             format!("the `[permissions]` {list} rule `{}` names no tool of this run", rule.as_str());
-        let close = close_names(rule.tool(), tools.iter().map(|tool| tool.spec().name.as_str()));
-        if !close.is_empty() {
-            warning.push_str(&format!("; did you mean {}?", close.join(", ")));
-        }
-        warnings.push(warning);
+        warnings.push(suggesting(warning, rule.tool(), tools.iter().map(|tool| tool.spec().name.as_str())));
     }
     warnings
 }
