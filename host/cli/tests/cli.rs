@@ -339,7 +339,8 @@ fn bench_compares_keel_with_another_stdio_mcp_server() {
     assert_eq!(String::from_utf8_lossy(&output.stdout), "");
     assert_eq!(
         String::from_utf8_lossy(&output.stderr),
-        "error: `false` did not start as an MCP server on stdio (run by `sh -c`)\n"
+        "error: `false` did not start as an MCP server on stdio (run by `sh -c`): it closed its stdout \
+         without answering `initialize`\n"
     );
 }
 

@@ -10,13 +10,13 @@
 use std::future::Future;
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use rmcp::model::{
     CallToolRequestParams, CallToolResponse, CallToolResult, ContentBlock, Implementation, JsonObject,
     ListToolsResult, PaginatedRequestParams, ServerCapabilities, ServerConfig,
 };
-use rmcp::service::{RequestContext, RunningService};
+use rmcp::service::{ClientInitializeError, RequestContext, RunningService};
 use rmcp::transport::TokioChildProcess;
 use rmcp::transport::async_rw::AsyncRwTransport;
 use rmcp::{ErrorData, RoleClient, RoleServer, ServerHandler, ServiceExt as _};
@@ -34,6 +34,18 @@ const TEXT: &str = "hello";
 
 /// The name of a tool no server of these figures has.
 const NO_TOOL: &str = "no-such-tool";
+
+/// How long a server may take to answer, before the figures end with an
+/// error rather than wait without end: the handshake, which may include a
+/// launcher's download (`npx -y`), and then each call.
+const PATIENCE: Patience = Patience { handshake: Duration::from_secs(120), reply: Duration::from_secs(60) };
+
+/// How long a server may take to answer the handshake, and each call.
+#[derive(Clone, Copy)]
+struct Patience {
+    handshake: Duration,
+    reply: Duration,
+}
 
 /// The smallest MCP server over the transport `keel serve` uses: rmcp on
 /// stdio pipes, one `echo` tool answered natively. Serves until the client
@@ -213,7 +225,7 @@ pub fn compare(
         .enable_all()
         .build()
         .map_err(|error| Error::io("start a runtime for", &options.keel, error))?;
-    let shell = Path::new("/bin/sh");
+    let shell = "/bin/sh";
     rt.block_on(async {
         let serve = || super::keel_serve(options, &options.tools, workspace.path());
         let theirs = || {
@@ -232,8 +244,10 @@ pub fn compare(
         let keel_spawn = async || Server::spawn(serve(), workspace.path(), &options.keel).await;
         let keel_call = async |keel: &Server| keel.call().await;
         let their_spawn = async || {
-            Server::spawn(theirs(), workspace.path(), shell).await.map_err(|_| {
-                Error::Failed(format!("`{command}` did not start as an MCP server on stdio (run by `sh -c`)"))
+            Server::connect(theirs(), workspace.path(), PATIENCE).await.map_err(|cause| {
+                Error::Failed(format!(
+                    "`{command}` did not start as an MCP server on stdio (run by `sh -c`): {cause}"
+                ))
             })
         };
         let their_call = async |other: &Server| {
@@ -325,16 +339,35 @@ impl Sample {
 struct Server {
     client: RunningService<RoleClient, ()>,
     pid: u32,
+    /// How long a call may wait for its reply.
+    reply_within: Duration,
 }
 
 impl Server {
-    async fn spawn(mut command: tokio::process::Command, workspace: &Path, keel: &Path) -> Result<Self> {
+    async fn spawn(command: tokio::process::Command, workspace: &Path, keel: &Path) -> Result<Self> {
+        Server::connect(command, workspace, PATIENCE).await.map_err(|cause| failed(keel, cause))
+    }
+
+    /// [`Server::spawn`], failing with only the cause: the server could not
+    /// be spawned, exited at once, or did not answer the handshake.
+    async fn connect(
+        mut command: tokio::process::Command,
+        workspace: &Path,
+        patience: Patience,
+    ) -> Result<Self, String> {
         command.current_dir(workspace);
         let (transport, _) =
-            TokioChildProcess::builder(command).spawn().map_err(|error| Error::io("spawn", keel, error))?;
-        let pid = transport.id().ok_or_else(|| failed(keel, "the server exited at once"))?;
-        let client = ().serve(transport).await.map_err(|error| failed(keel, error))?;
-        Ok(Server { client, pid })
+            TokioChildProcess::builder(command).spawn().map_err(|error| error.to_string())?;
+        let pid = transport.id().ok_or("it exited at once")?;
+        // Dropped unanswered, the transport kills the server.
+        match tokio::time::timeout(patience.handshake, ().serve(transport)).await {
+            Ok(Ok(client)) => Ok(Server { client, pid, reply_within: patience.reply }),
+            Ok(Err(ClientInitializeError::ConnectionClosed(_))) => {
+                Err("it closed its stdout without answering `initialize`".to_string())
+            }
+            Ok(Err(error)) => Err(error.to_string()),
+            Err(_) => Err(format!("no reply to the handshake within {:?}", patience.handshake)),
+        }
     }
 
     /// One `echo` call; fails unless it echoes.
@@ -345,11 +378,7 @@ impl Server {
     /// One `echo` call of `text`; fails unless it echoes `text`.
     async fn echo(&self, text: &str) -> Result<()> {
         let arguments = JsonObject::from_iter([("text".to_string(), Value::from(text))]);
-        let result = self
-            .client
-            .call_tool(CallToolRequestParams::new("echo").with_arguments(arguments))
-            .await
-            .map_err(|error| failed(Path::new("echo"), error))?;
+        let result = self.reply("echo", CallToolRequestParams::new("echo").with_arguments(arguments)).await?;
         let echoed = match result.content.as_slice() {
             [block] => block.as_text().map(|echoed| echoed.text.as_str()),
             _ => None,
@@ -363,9 +392,8 @@ impl Server {
     /// One call of a tool the server does not have; fails unless it is
     /// answered with an error result that says so.
     async fn call_no_tool(&self) -> Result<()> {
-        let request = CallToolRequestParams::new(NO_TOOL).with_arguments(echo_arguments());
         let result =
-            self.client.call_tool(request).await.map_err(|error| failed(Path::new(NO_TOOL), error))?;
+            self.reply(NO_TOOL, CallToolRequestParams::new(NO_TOOL).with_arguments(echo_arguments())).await?;
         let said = match result.content.as_slice() {
             [block] => block.as_text().is_some_and(|said| said.text.contains(NO_TOOL)),
             _ => false,
@@ -378,23 +406,21 @@ impl Server {
 
     /// `calls` echoes at once on this one session, each of its own text:
     /// the milliseconds until the last reply, and how many got no right
-    /// reply within 60 s.
+    /// reply in time ([`PATIENCE`]).
     async fn burst(&self, calls: usize) -> (f64, usize) {
         let started = Instant::now();
-        let replies = futures::future::join_all((0..calls).map(|i| async move {
-            let text = format!("burst-{i}");
-            tokio::time::timeout(std::time::Duration::from_secs(60), self.echo(&text)).await
-        }))
+        let replies = futures::future::join_all(
+            (0..calls).map(|i| async move { self.echo(&format!("burst-{i}")).await }),
+        )
         .await;
         let lost = replies
             .iter()
             .filter(|reply| match reply {
-                Ok(Ok(())) => false,
-                Ok(Err(error)) => {
+                Ok(()) => false,
+                Err(error) => {
                     tracing::warn!("a burst call failed: {error}");
                     true
                 }
-                Err(_) => true,
             })
             .count();
         (started.elapsed().as_secs_f64() * 1e3, lost)
@@ -422,7 +448,7 @@ impl Server {
     /// result is an error.
     async fn call_tool(&self, tool: &str, arguments: &JsonObject) -> Result<()> {
         let request = CallToolRequestParams::new(tool.to_string()).with_arguments(arguments.clone());
-        let result = self.client.call_tool(request).await.map_err(|error| failed(Path::new(tool), error))?;
+        let result = self.reply(tool, request).await?;
         if result.is_error == Some(true) {
             return Err(failed(Path::new(tool), format!("an error result {:?}", result.content)));
         }
@@ -433,12 +459,20 @@ impl Server {
     /// be told apart: a reply is lost when it is missing or an error.
     async fn burst_of(&self, calls: usize, tool: &str, arguments: &JsonObject) -> (f64, usize) {
         let started = Instant::now();
-        let replies = futures::future::join_all((0..calls).map(|_| async move {
-            tokio::time::timeout(std::time::Duration::from_secs(60), self.call_tool(tool, arguments)).await
-        }))
-        .await;
-        let lost = replies.iter().filter(|reply| !matches!(reply, Ok(Ok(())))).count();
+        let replies = futures::future::join_all((0..calls).map(|_| self.call_tool(tool, arguments))).await;
+        let lost = replies.iter().filter(|reply| reply.is_err()).count();
         (started.elapsed().as_secs_f64() * 1e3, lost)
+    }
+
+    /// The result of the call `request` of `tool`, if it comes in time
+    /// ([`PATIENCE`]).
+    async fn reply(&self, tool: &str, request: CallToolRequestParams) -> Result<CallToolResult> {
+        match tokio::time::timeout(self.reply_within, self.client.call_tool(request)).await {
+            Ok(result) => result.map_err(|error| failed(Path::new(tool), error)),
+            Err(_) => {
+                Err(Error::Failed(format!("a call of {tool} got no reply within {:?}", self.reply_within)))
+            }
+        }
     }
 
     /// Close stdin and wait for the server to exit.
@@ -515,6 +549,38 @@ fn cpu_nanos(pid: u32) -> Result<u64> {
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
+
+    use super::{Patience, Server};
+
+    /// A server that never answers the handshake, or answers it and then no
+    /// call, ends the figures with an error that says so, not a wait
+    /// without end. `cat` sends the client's `initialize` back to it.
+    #[test]
+    fn a_server_that_does_not_answer_is_given_up_on() {
+        let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let workspace = tempfile::tempdir().unwrap();
+        let brief = Duration::from_millis(300);
+        let shell = |script: &str| {
+            let mut command = tokio::process::Command::new("sh");
+            command.args(["-c", script]);
+            command
+        };
+        rt.block_on(async {
+            let patience = Patience { handshake: brief, reply: brief };
+            let cause = Server::connect(shell("exec cat"), workspace.path(), patience).await.err();
+            assert_eq!(cause.as_deref(), Some("no reply to the handshake within 300ms"));
+            let cause = Server::connect(shell("exit 0"), workspace.path(), patience).await.err();
+            assert_eq!(cause.as_deref(), Some("it closed its stdout without answering `initialize`"));
+
+            // Answers `initialize`, then reads every request and answers none.
+            let mute = r#"read -r line; printf '%s\n' '{"jsonrpc":"2.0","id":0,"result":{"protocolVersion":"2025-06-18","capabilities":{"tools":{}},"serverInfo":{"name":"mute","version":"0"}}}'; while read -r line; do :; done"#;
+            let patience = Patience { handshake: Duration::from_secs(30), reply: brief };
+            let server = Server::connect(shell(mute), workspace.path(), patience).await.unwrap();
+            let error = server.call_tool("echo", &super::echo_arguments()).await.unwrap_err();
+            assert_eq!(error.to_string(), "a call of echo got no reply within 300ms");
+            server.close().await;
+        });
+    }
 
     /// A server's CPU time, read while it waits for its next request, counts
     /// each request's own work, far below the 10 ms units of
