@@ -256,6 +256,51 @@ fn a_trace_that_cannot_be_written_stops_the_run_before_it_starts_naming_the_path
     );
 }
 
+#[test]
+fn a_report_that_would_replace_what_the_run_reads_or_the_other_report_is_refused() {
+    let workspace = workspace();
+    std::fs::write(workspace.path().join("batch.json"), BATCH).unwrap();
+    std::fs::write(workspace.path().join("keel.toml"), "max_tool_use_concurrency = 4\n").unwrap();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
+    let echo = support::bundled("echo");
+    let refused = [
+        (vec!["--trace", "batch.json"], "--trace batch.json is the batch"),
+        (vec!["--timeline", "./sub/../batch.json"], "--timeline ./sub/../batch.json is the batch"),
+        (vec!["--trace", "keel.toml"], "--trace keel.toml is the configuration"),
+        (vec!["--plugins", echo.to_str().unwrap(), "--timeline", echo.to_str().unwrap()], "is a plugin"),
+        (vec!["--trace", "r.json", "--timeline", "./r.json"], "--trace and --timeline name the same file"),
+    ];
+    std::fs::create_dir(workspace.path().join("sub")).unwrap();
+    for (flags, said) in refused {
+        let args = [&["run"][..], &flags, &["batch.json"]].concat();
+        let output = support::run(&mut support::keel(workspace.path(), &cache, &args), KEEL_LIMIT);
+        assert_eq!(output.status.code(), Some(1), "{flags:?}");
+        assert!(output.stdout.is_empty(), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.starts_with("error: ") && stderr.contains(said), "{flags:?}: {stderr}");
+    }
+    // Nothing was run, and nothing replaced.
+    assert_eq!(std::fs::read_to_string(workspace.path().join("batch.json")).unwrap(), BATCH);
+    assert!(!workspace.path().join("r.json").exists() && !workspace.path().join("b.txt").exists());
+    assert!(std::fs::read(&echo).unwrap().starts_with(b"\0asm"));
+
+    // `keel serve`'s reports alike, before anything loads.
+    for (flags, said) in [
+        (["--events", "e.log", "--trace", "./e.log"], "--events and --trace name the same file, ./e.log"),
+        (["--events", "e.log", "--trace", "keel.toml"], "--trace keel.toml is the configuration"),
+    ] {
+        let args = [&["serve"][..], &flags].concat();
+        let output = support::run(&mut support::keel(workspace.path(), &cache, &args), KEEL_LIMIT);
+        assert_eq!(output.status.code(), Some(1), "{flags:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.starts_with("error: ") && stderr.contains(said), "{flags:?}: {stderr}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(workspace.path().join("keel.toml")).unwrap(),
+        "max_tool_use_concurrency = 4\n"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keel_serve_keeps_each_call_in_its_trace_once_it_finished() {
     let workspace = workspace();

@@ -116,10 +116,16 @@ pub struct Resolved {
 /// Then write the trace and the timeline asked for, and say on stderr how
 /// the batch went.
 pub fn run(args: &RunArgs) -> Result<()> {
-    let config = args.host.config()?;
+    let (config, config_path) = args.host.config_and_path()?;
     let (bytes, origin) = read_batch(&args.batch)?;
     let uses = parse_batch_bytes(&bytes, &origin, config.limits.apply(Limits::default()).input)?;
-    // A file that cannot be written is found before the batch runs.
+    // A file that cannot be written is found before the batch runs, and so
+    // is a report that would replace what the run reads, or the other report.
+    let mut inputs = args.host.inputs(config_path.as_deref());
+    if args.batch != "-" {
+        inputs.push((Path::new(&args.batch), "the batch"));
+    }
+    trace::check_distinct(&[("--trace", &args.trace), ("--timeline", &args.timeline)], &inputs)?;
     if let Some(path) = &args.trace {
         trace::check_writable(path, "trace")?;
     }
@@ -320,7 +326,20 @@ impl HostArgs {
     /// The configuration: `--config PATH`, else `keel.toml` in the current
     /// directory, else the defaults.
     pub fn config(&self) -> Result<Config> {
-        Ok(Config::discover(self.config.as_deref(), &std::env::current_dir()?)?.0)
+        Ok(self.config_and_path()?.0)
+    }
+
+    /// [`HostArgs::config`], with the path of the file it was read from,
+    /// if any.
+    pub fn config_and_path(&self) -> Result<(Config, Option<PathBuf>)> {
+        Ok(Config::discover(self.config.as_deref(), &std::env::current_dir()?)?)
+    }
+
+    /// The files a command of these flags reads, each with what it is: the
+    /// configuration at `config` and the plugins given as paths.
+    pub fn inputs<'a>(&'a self, config: Option<&'a Path>) -> Vec<(&'a Path, &'static str)> {
+        let config = config.map(|path| (path, "the configuration"));
+        config.into_iter().chain(self.plugins.iter().map(|path| (path.as_path(), "a plugin"))).collect()
     }
 
     /// A host builder for these flags, leaving the configuration to the

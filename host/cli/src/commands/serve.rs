@@ -32,7 +32,6 @@ use std::sync::{Arc, Mutex};
 
 use anyhow::{Context as _, Result};
 use clap::Args;
-use keel_host::config::Config;
 use keel_host::load::{Access, Grants};
 use keel_host::pool::definitions::model_description;
 use keel_host::tool::{LogLevel, Tool, ToolOrigin, ToolSpec};
@@ -96,7 +95,13 @@ pub fn run(args: &ServeArgs) -> Result<()> {
 /// Serve as [`run`] says, on the runtime, until `stopping` is cancelled;
 /// then end once every request in flight is answered ([`stop`]).
 async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
-    let (config, _) = Config::discover(args.host.config.as_deref(), &std::env::current_dir()?)?;
+    let (config, config_path) = args.host.config_and_path()?;
+    // A report that would replace what the server reads, or the other
+    // report, is refused before anything loads.
+    super::run::trace::check_distinct(
+        &[("--events", &args.events), ("--trace", &args.trace)],
+        &args.host.inputs(config_path.as_deref()),
+    )?;
     // Calls that need approval ask the user of the client that made them.
     let prompter = approval::ClientPrompter::default();
     // One session directory for the server's life, reloads included:

@@ -11,7 +11,7 @@
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 
-use anyhow::{Context as _, Result};
+use anyhow::{Context as _, Result, bail};
 use keel_host::Event;
 use serde_json::{Value, json};
 
@@ -137,6 +137,39 @@ pub fn check_writable(path: &Path, what: &str) -> Result<()> {
         // Not ours, but the directory holds files.
         Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
         Err(error) => Err(error).with_context(|| format!("failed to write {what} {}", path.display())),
+    }
+}
+
+/// Refuse a report file (each given by its flag) that names one of
+/// `inputs` (each with what it is), or the file of a report before it: it
+/// would replace what the command reads, or what the other report wrote.
+pub fn check_distinct(reports: &[(&str, &Option<PathBuf>)], inputs: &[(&Path, &str)]) -> Result<()> {
+    let reports: Vec<(&str, &Path)> =
+        reports.iter().filter_map(|(flag, path)| Some((*flag, path.as_deref()?))).collect();
+    for (index, &(flag, path)) in reports.iter().enumerate() {
+        if let Some((_, what)) = inputs.iter().find(|(input, _)| same_file(path, input)) {
+            bail!("{flag} {} is {what}; give the report a file of its own", path.display());
+        }
+        if let Some((other, _)) = reports[..index].iter().find(|(_, earlier)| same_file(path, earlier)) {
+            bail!("{other} and {flag} name the same file, {}; give each a file of its own", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// Whether `a` and `b` name one file: the same file when both exist (links
+/// followed), else the same name in the same directory when neither does.
+fn same_file(a: &Path, b: &Path) -> bool {
+    match (a.canonicalize(), b.canonicalize()) {
+        (Ok(a), Ok(b)) => a == b,
+        (Err(_), Err(_)) => {
+            let resolved = |path: &Path| {
+                let dir = path.parent().filter(|dir| !dir.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                Some(dir.canonicalize().ok()?.join(path.file_name()?))
+            };
+            resolved(a).is_some_and(|a| Some(a) == resolved(b))
+        }
+        _ => false,
     }
 }
 
