@@ -495,7 +495,21 @@ fn keel_test_names_a_missing_expectation_and_counts_the_cases_that_failed() {
     let stdout = String::from_utf8_lossy(&output.stdout);
     assert!(stdout.contains("--- cases/a/expected.json (missing)\n+++ actual\n"), "{stdout}");
     assert!(stdout.contains("--- cases/b/events.jsonl (missing)\n+++ actual\n"), "{stdout}");
+    assert!(stdout.ends_with("to accept the new output: KEEL_BLESS=1 keel test cases\n"), "{stdout}");
     assert_eq!(String::from_utf8_lossy(&output.stderr), "error: 2 fixture cases failed\n");
+
+    // Blessed, they pass; a case whose batch cannot be read still fails,
+    // with no word of blessing, which cannot mend it.
+    std::fs::create_dir_all(dir.path().join("cases/c")).unwrap();
+    std::fs::write(dir.path().join("cases/c/batch.json"), "not json").unwrap();
+    for flags in [&["test", "--bless", "cases"][..], &["test", "cases"]] {
+        let output = keel(flags, dir.path(), "");
+        assert_eq!(output.status.code(), Some(1));
+        let stdout = String::from_utf8_lossy(&output.stdout);
+        assert!(stdout.contains("ok      a\nok      b\nFAILED  c: failed to read batch"), "{stdout}");
+        assert!(stdout.ends_with("2 passed, 1 failed\n"), "{stdout}");
+    }
+    std::fs::remove_dir_all(dir.path().join("cases/c")).unwrap();
 
     // A case's batch file given for the case is named as what it is.
     let output = keel(&["test", "cases/a/batch.json"], dir.path(), "");

@@ -42,7 +42,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
     }
     let bless = args.bless || fixture::bless_requested();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let mut failed = Vec::new();
+    let (mut failed, mut differed) = (Vec::new(), false);
     for case in &cases {
         let running =
             crate::progress::shown(format!("running {}", case.name), run_case(case, &args.host, bless));
@@ -51,6 +51,7 @@ pub fn run(args: &TestArgs) -> Result<()> {
             Ok(Some(diff)) => {
                 outln!("FAILED  {}\n{diff}", case.name)?;
                 failed.push(&case.name);
+                differed = true;
             }
             Err(error) => {
                 outln!("FAILED  {}: {error:#}", case.name)?;
@@ -60,7 +61,10 @@ pub fn run(args: &TestArgs) -> Result<()> {
     }
     outln!("\n{} passed, {} failed", cases.len() - failed.len(), failed.len())?;
     if !failed.is_empty() {
-        outln!("to accept the new output: KEEL_BLESS=1 keel test {}", args.dir.display())?;
+        // Blessing takes a new output, not a case that could not run.
+        if differed {
+            outln!("to accept the new output: KEEL_BLESS=1 keel test {}", args.dir.display())?;
+        }
         bail!("{} failed", super::counted(failed.len(), "fixture case"));
     }
     Ok(())
