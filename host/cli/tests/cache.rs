@@ -153,3 +153,25 @@ fn prune_and_the_size_cap_run_while_other_keel_processes_use_the_cache() {
     assert!(total.starts_with("1 entries, "), "{listing}");
     project.run_batch();
 }
+
+#[test]
+fn a_cache_that_is_not_a_directory_is_warned_of_once_and_the_run_goes_on_without_it() {
+    let project = Project::new();
+    std::fs::write(project.cache(), "not a directory").unwrap();
+    let args = ["run", "--plugins", "tools", "--workspace", "workspace", "batch.json"];
+    let output =
+        support::run(&mut support::keel(project.path(), &project.cache(), &args), Duration::from_secs(120));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+    let message: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(message["content"][1]["content"], "notes.txt:1:a needle\n");
+    // One line, where each plugin's every read and write of the cache
+    // warned of its own failure.
+    let warnings: Vec<&str> = stderr.lines().filter(|line| line.contains("WARN")).collect();
+    assert_eq!(warnings.len(), 1, "{stderr}");
+    assert!(
+        warnings[0].contains("no compile cache, every plugin compiled afresh: it is not a directory"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(project.cache()).unwrap(), "not a directory");
+}

@@ -24,6 +24,15 @@ use crate::load::sandbox::{SandboxState, SharedPreopens, root_cause};
 /// bounds the calls of all batches in flight together.
 const MAX_LIVE_INSTANCES: u32 = 1_000;
 
+/// Make the directory `dir` unless it is one: the error, when it cannot be,
+/// says why in a few words.
+fn made_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::create_dir_all(dir) {
+        Err(_) if dir.exists() && !dir.is_dir() => Err(std::io::Error::other("it is not a directory")),
+        made => made,
+    }
+}
+
 /// The engine, configured once for every plugin: component model, async,
 /// fuel, epoch interruption and the pooling allocator.
 pub struct Runtime {
@@ -123,7 +132,14 @@ impl Runtime {
         })
         .map_err(|error| Error::Engine(format!("failed to link host imports: {error:#}")))?;
 
-        let cache = cache_dir.map(|dir| CompileCache::new(dir, &engine));
+        let cache = cache_dir.and_then(|dir| match made_dir(&dir) {
+            Ok(()) => Some(CompileCache::new(dir, &engine)),
+            Err(error) => {
+                // Said once, not for every read and write of every plugin.
+                tracing::warn!(path = %dir.display(), "no compile cache, every plugin compiled afresh: {error}");
+                None
+            }
+        });
         Ok(Runtime {
             engine,
             ticker,
