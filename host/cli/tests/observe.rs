@@ -257,7 +257,7 @@ fn a_trace_that_cannot_be_written_stops_the_run_before_it_starts_naming_the_path
 }
 
 #[test]
-fn a_report_that_would_replace_what_the_run_reads_or_the_other_report_is_refused() {
+fn a_report_that_would_replace_what_is_read_or_cannot_be_written_is_refused_before_anything_runs() {
     let workspace = workspace();
     std::fs::write(workspace.path().join("batch.json"), BATCH).unwrap();
     std::fs::write(workspace.path().join("keel.toml"), "max_tool_use_concurrency = 4\n").unwrap();
@@ -284,10 +284,14 @@ fn a_report_that_would_replace_what_the_run_reads_or_the_other_report_is_refused
     assert!(!workspace.path().join("r.json").exists() && !workspace.path().join("b.txt").exists());
     assert!(std::fs::read(&echo).unwrap().starts_with(b"\0asm"));
 
-    // `keel serve`'s reports alike, before anything loads.
+    // `keel serve`'s reports alike, before anything loads, and a report in
+    // a directory that does not exist (which was made as the trace was
+    // first written).
     for (flags, said) in [
         (["--events", "e.log", "--trace", "./e.log"], "--events and --trace name the same file, ./e.log"),
         (["--events", "e.log", "--trace", "keel.toml"], "--trace keel.toml is the configuration"),
+        (["--events", "e.log", "--trace", "no/t.json"], "failed to write trace no/t.json: No such file"),
+        (["--events", "no/e.log", "--trace", "t.json"], "failed to write events file no/e.log: No such file"),
     ] {
         let args = [&["serve"][..], &flags].concat();
         let output = support::run(&mut support::keel(workspace.path(), &cache, &args), KEEL_LIMIT);

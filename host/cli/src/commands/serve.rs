@@ -96,12 +96,15 @@ pub fn run(args: &ServeArgs) -> Result<()> {
 /// then end once every request in flight is answered ([`stop`]).
 async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
     let (config, config_path) = args.host.config_and_path()?;
-    // A report that would replace what the server reads, or the other
-    // report, is refused before anything loads.
-    super::run::trace::check_distinct(
-        &[("--events", &args.events), ("--trace", &args.trace)],
-        &args.host.inputs(config_path.as_deref()),
-    )?;
+    // A report that cannot be written, or would replace what the server
+    // reads or the other report, is refused before anything loads.
+    let reports = [("--events", &args.events), ("--trace", &args.trace)];
+    super::run::trace::check_distinct(&reports, &args.host.inputs(config_path.as_deref()))?;
+    for (what, path) in [("events file", &args.events), ("trace", &args.trace)] {
+        if let Some(path) = path {
+            super::run::trace::check_writable(path, what)?;
+        }
+    }
     // Calls that need approval ask the user of the client that made them.
     let prompter = approval::ClientPrompter::default();
     // One session directory for the server's life, reloads included:
