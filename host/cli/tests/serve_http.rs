@@ -366,3 +366,47 @@ fn an_http2_client_runs_calls_at_once_on_one_connection() {
     // Four sleeps of half a second each, run one after another, would take two.
     assert!(started.elapsed() < Duration::from_millis(1500), "{:?}", started.elapsed());
 }
+
+#[test]
+fn a_server_out_of_descriptors_says_so_once_a_time_and_serves_again_once_some_are_freed() {
+    use std::os::unix::process::CommandExt as _;
+
+    let workspace = tempfile::tempdir().unwrap();
+    let mut command = support::command(workspace.path(), &TOOLS.map(bundled), &["--http", "127.0.0.1:0"]);
+    // SAFETY: one setrlimit system call between fork and exec, which
+    // allocates nothing and takes no lock.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit { rlim_cur: 128, rlim_max: 128 };
+            match libc::setrlimit(libc::RLIMIT_NOFILE, &limit) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    let server = support::start(&mut command);
+    // More connections than the server has descriptors left: the rest wait
+    // in the listener's backlog.
+    let held: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(server.addr).unwrap()).collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let failures = |stderr: &str| stderr.lines().filter(|line| line.contains("failed to accept")).count();
+    // Once a time it runs short (a descriptor freed meanwhile ends one),
+    // where every failed accept was logged, hundreds of thousands a second.
+    let stderr = server.stderr();
+    assert!((1..=10).contains(&failures(&stderr)), "{stderr}");
+    assert!(
+        stderr.contains("Too many open files") && stderr.contains("trying again every 100 ms"),
+        "{stderr}"
+    );
+    // Closed, they give their descriptors back, and a client is served.
+    drop(held);
+    let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "room again" }));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.message()["result"]["content"][0]["text"], "room again");
+    // Said as the failure was; the line reaches the test's reader in a moment.
+    let said = (0..50).any(|_| {
+        std::thread::sleep(Duration::from_millis(100));
+        server.stderr().contains("WARN accepting a connection again")
+    });
+    assert!(said, "{}", server.stderr());
+}

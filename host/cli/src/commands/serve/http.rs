@@ -420,16 +420,48 @@ async fn is_http2(stream: &tokio::net::TcpStream) -> std::io::Result<bool> {
     }
 }
 
-/// The next connection `listener` accepts. One failed accept (a client
-/// gone, descriptors short) loses that connection only: it is logged as
-/// failing to accept `what`, and the listener goes on.
+/// The next connection `listener` accepts. A failed accept of one
+/// connection (a client gone) loses that connection only: it is logged as
+/// failing to accept `what`, and the listener goes on. When the process is
+/// out of descriptors or memory, every accept fails at once until some are
+/// freed: that is logged once, and accepting is tried again every
+/// [`RESOURCES_RETRY`], where it was tried again at once, hundreds of
+/// thousands of times a second, each failure logged.
 async fn accept(listener: &tokio::net::TcpListener, what: &str) -> (tokio::net::TcpStream, SocketAddr) {
+    let mut short = false;
     loop {
         match listener.accept().await {
-            Ok(accepted) => return accepted,
+            Ok(accepted) => {
+                if short {
+                    // Said as the failure was, so that whoever saw it sees it end.
+                    tracing::warn!("accepting {what} again");
+                }
+                return accepted;
+            }
+            Err(error) if out_of_resources(&error) => {
+                if !short {
+                    tracing::warn!(
+                        "failed to accept {what}: {error}; trying again every {} ms",
+                        RESOURCES_RETRY.as_millis()
+                    );
+                    short = true;
+                }
+                tokio::time::sleep(RESOURCES_RETRY).await;
+            }
             Err(error) => tracing::warn!("failed to accept {what}: {error}"),
         }
     }
+}
+
+/// How long the listener waits before accepting again when the process is
+/// out of descriptors or memory: long enough not to spin, short enough that
+/// a connection closed meanwhile soon makes room.
+const RESOURCES_RETRY: Duration = Duration::from_millis(100);
+
+/// Whether a failed accept says the process or the system is short of what
+/// every connection needs, rather than that one connection failed.
+fn out_of_resources(error: &std::io::Error) -> bool {
+    matches!(error.raw_os_error(), Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM))
 }
 
 /// What one connection is doing: when it last moved a byte, and how many of
