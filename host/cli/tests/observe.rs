@@ -285,8 +285,7 @@ fn a_report_that_would_replace_what_is_read_or_cannot_be_written_is_refused_befo
     assert!(std::fs::read(&echo).unwrap().starts_with(b"\0asm"));
 
     // `keel serve`'s reports alike, before anything loads, and a report in
-    // a directory that does not exist (which was made as the trace was
-    // first written).
+    // a directory that does not exist, which is not made.
     for (flags, said) in [
         (["--events", "e.log", "--trace", "./e.log"], "--events and --trace name the same file, ./e.log"),
         (["--events", "e.log", "--trace", "keel.toml"], "--trace keel.toml is the configuration"),

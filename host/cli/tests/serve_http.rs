@@ -390,8 +390,8 @@ fn a_server_out_of_descriptors_says_so_once_a_time_and_serves_again_once_some_ar
     let held: Vec<TcpStream> = (0..200).map(|_| TcpStream::connect(server.addr).unwrap()).collect();
     std::thread::sleep(Duration::from_secs(1));
     let failures = |stderr: &str| stderr.lines().filter(|line| line.contains("failed to accept")).count();
-    // Once a time it runs short (a descriptor freed meanwhile ends one),
-    // where every failed accept was logged, hundreds of thousands a second.
+    // Once each time it runs short (a descriptor freed meanwhile ends one),
+    // not once for each failed accept.
     let stderr = server.stderr();
     assert!((1..=10).contains(&failures(&stderr)), "{stderr}");
     assert!(

@@ -425,8 +425,7 @@ async fn is_http2(stream: &tokio::net::TcpStream) -> std::io::Result<bool> {
 /// failing to accept `what`, and the listener goes on. When the process is
 /// out of descriptors or memory, every accept fails at once until some are
 /// freed: that is logged once, and accepting is tried again every
-/// [`RESOURCES_RETRY`], where it was tried again at once, hundreds of
-/// thousands of times a second, each failure logged.
+/// [`RESOURCES_RETRY`], not at once in a loop that logs every failure.
 async fn accept(listener: &tokio::net::TcpListener, what: &str) -> (tokio::net::TcpStream, SocketAddr) {
     let mut short = false;
     loop {
