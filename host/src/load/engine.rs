@@ -24,15 +24,6 @@ use crate::load::sandbox::{SandboxState, SharedPreopens, root_cause};
 /// bounds the calls of all batches in flight together.
 const MAX_LIVE_INSTANCES: u32 = 1_000;
 
-/// Make the directory `dir` unless it is one: the error, when it cannot be,
-/// says why in a few words.
-fn made_dir(dir: &Path) -> std::io::Result<()> {
-    match std::fs::create_dir_all(dir) {
-        Err(_) if dir.exists() && !dir.is_dir() => Err(std::io::Error::other("it is not a directory")),
-        made => made,
-    }
-}
-
 /// The engine, configured once for every plugin: component model, async,
 /// fuel, epoch interruption and the pooling allocator.
 pub struct Runtime {
@@ -427,6 +418,15 @@ pub struct Identity {
     pub content_key: String,
     /// The file's size in bytes.
     pub size: u64,
+}
+
+/// Make the directory `dir` unless it is one: the error, when it cannot be,
+/// says why in a few words.
+fn made_dir(dir: &Path) -> std::io::Result<()> {
+    match std::fs::create_dir_all(dir) {
+        Err(_) if dir.exists() && !dir.is_dir() => Err(std::io::Error::other("it is not a directory")),
+        made => made,
+    }
 }
 
 /// Compiled components on disk, so a second start does not recompile.
