@@ -202,3 +202,75 @@ fn credentials_reach_the_registry_and_never_a_log() {
         }
     }
 }
+
+/// Put `blobs` and then `manifest` (of `media_type`) under `repo:tag` in
+/// `registry` by its HTTP API, as any client could.
+fn put_artifact(
+    registry: &Registry,
+    repo: &str,
+    tag: &str,
+    blobs: &[&str],
+    manifest: &str,
+    media_type: &str,
+) {
+    use support::http::request;
+    let addr = registry.addr.parse().unwrap();
+    for blob in blobs {
+        // An upload begun, then finished with the whole blob and its digest.
+        let begun = request(addr, "POST", &format!("/v2/{repo}/blobs/uploads/"), &[], "");
+        assert_eq!(begun.status, 202, "{}", begun.body);
+        let location = begun.header("location").unwrap();
+        let path = location.find("/v2/").map_or(location, |at| &location[at..]);
+        let separator = if path.contains('?') { '&' } else { '?' };
+        let path = format!("{path}{separator}digest=sha256:{}", sha256(blob.as_bytes()));
+        let reply = request(addr, "PUT", &path, &[("content-type", "application/octet-stream")], blob);
+        assert_eq!(reply.status, 201, "{}", reply.body);
+    }
+    let reply = request(
+        addr,
+        "PUT",
+        &format!("/v2/{repo}/manifests/{tag}"),
+        &[("content-type", media_type)],
+        manifest,
+    );
+    assert_eq!(reply.status, 201, "{}", reply.body);
+}
+
+#[test]
+fn what_is_not_a_component_artifact_or_not_there_is_refused_naming_the_reference() {
+    let registry = Registry::start();
+    let project = Project::new();
+    let descriptor = |media_type: &str, blob: &str| serde_json::json!({ "mediaType": media_type, "digest": format!("sha256:{}", sha256(blob.as_bytes())), "size": blob.len() });
+    // Typed as a component, but its layer is not WebAssembly.
+    let (config, layer) = ("{}", "not WebAssembly");
+    let manifest = serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": descriptor("application/vnd.wasm.config.v0+json", config),
+        "layers": [descriptor("application/wasm", layer)],
+    });
+    let image = "application/vnd.oci.image.manifest.v1+json";
+    put_artifact(&registry, "tools/junk", "1", &[config, layer], &manifest.to_string(), image);
+    // An index of platforms, as a container image has.
+    let index = r#"{"schemaVersion":2,"mediaType":"application/vnd.oci.image.index.v1+json","manifests":[]}"#;
+    put_artifact(&registry, "tools/index", "1", &[], index, "application/vnd.oci.image.index.v1+json");
+
+    let at = |name: &str| format!("oci://{}/tools/{name}", registry.addr);
+    for (name, said) in [
+        ("junk:1", "its application/wasm layer is not a WebAssembly file (no `\\0asm` header)"),
+        (
+            "index:1",
+            "it is an image index (a manifest for each platform), not a WebAssembly component artifact",
+        ),
+        ("junk:2", &format!("the registry {} has no tools/junk:2", registry.addr)),
+        ("nothing:1", &format!("the registry {} has no tools/nothing:1", registry.addr)),
+    ] {
+        let output = project.keel(&mut project.command(&["run", "--plugins", &at(name), "batch.json"]));
+        assert_eq!(output.status.code(), Some(1), "{name}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(stderr, format!("error: failed to pull {}: {said}\n", at(name)), "{name}");
+    }
+    let kept =
+        project.path().join("cache/oci/blobs/sha256").join(format!("{}.wasm", sha256(layer.as_bytes())));
+    assert!(!kept.exists(), "what is not WebAssembly is not kept");
+}

@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
-use oci_client::manifest::{OCI_IMAGE_MEDIA_TYPE, OciImageManifest};
+use oci_client::manifest::{OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciImageManifest};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 
@@ -154,9 +154,9 @@ impl Registries {
     async fn resolve_tag(&self, reference: &Reference) -> Result<String, String> {
         let client = self.client(reference);
         let (raw, _) = client
-            .pull_manifest_raw(reference, &self.auth(reference), &[OCI_IMAGE_MEDIA_TYPE])
+            .pull_manifest_raw(reference, &self.auth(reference), MANIFEST_TYPES)
             .await
-            .map_err(|error| describe(&error))?;
+            .map_err(|error| describe_manifest_pull(&error, reference))?;
         let digest = format!("sha256:{}", sha256_hex(&raw));
         self.keep(&self.blob_path(&digest, ""), &raw)?;
         self.keep(&self.tag_path(reference), digest.as_bytes())?;
@@ -172,9 +172,9 @@ impl Registries {
                 let by_digest = reference.clone_with_digest(digest.to_owned());
                 let client = self.client(reference);
                 let (raw, _) = client
-                    .pull_manifest_raw(&by_digest, &self.auth(reference), &[OCI_IMAGE_MEDIA_TYPE])
+                    .pull_manifest_raw(&by_digest, &self.auth(reference), MANIFEST_TYPES)
                     .await
-                    .map_err(|error| describe(&error))?;
+                    .map_err(|error| describe_manifest_pull(&error, &by_digest))?;
                 let actual = sha256_hex(&raw);
                 if actual != hex {
                     return Err(format!("the manifest has digest sha256:{actual}, not {digest}"));
@@ -183,6 +183,13 @@ impl Registries {
                 raw.to_vec()
             }
         };
+        if serde_json::from_slice::<MediaType>(&raw)
+            .is_ok_and(|held| held.media_type == OCI_IMAGE_INDEX_MEDIA_TYPE)
+        {
+            return Err("it is an image index (a manifest for each platform), not a WebAssembly component \
+                        artifact"
+                .to_owned());
+        }
         let manifest: OciImageManifest = serde_json::from_slice(&raw)
             .map_err(|error| format!("the manifest is not an OCI image manifest: {error}"))?;
         if manifest.config.media_type != WASM_CONFIG_MEDIA_TYPE {
@@ -206,6 +213,12 @@ impl Registries {
             let actual = sha256_hex(&bytes);
             if actual != layer_hex {
                 return Err(format!("the component blob has digest sha256:{actual}, not {}", layer.digest));
+            }
+            // Said of the reference, not later of a file in the cache.
+            if !bytes.starts_with(b"\0asm") {
+                return Err(format!(
+                    "its {WASM_LAYER_MEDIA_TYPE} layer is not a WebAssembly file (no `\\0asm` header)"
+                ));
             }
             self.keep(&file, &bytes)?;
         }
@@ -300,6 +313,37 @@ fn is_loopback(registry: &str) -> bool {
     };
     let host = host.trim_start_matches('[').trim_end_matches(']');
     host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
+}
+
+/// The manifest types a pull accepts: an image manifest, which a component
+/// artifact is, and an index, only to say that it is one.
+const MANIFEST_TYPES: &[&str] = &[OCI_IMAGE_MEDIA_TYPE, OCI_IMAGE_INDEX_MEDIA_TYPE];
+
+/// The `mediaType` a manifest declares.
+#[derive(serde::Deserialize)]
+struct MediaType {
+    #[serde(rename = "mediaType", default)]
+    media_type: String,
+}
+
+/// [`describe`] of a failed pull of the manifest `reference` names: a
+/// registry that has no such manifest says so in words.
+fn describe_manifest_pull(error: &oci_client::errors::OciDistributionError, reference: &Reference) -> String {
+    use oci_client::errors::{OciDistributionError as E, OciErrorCode as Code};
+    let unknown = |code: &Code| matches!(code, Code::ManifestUnknown | Code::NameUnknown | Code::NotFound);
+    let missing = match error {
+        E::RegistryError { envelope, .. } => envelope.errors.iter().any(|error| unknown(&error.code)),
+        E::ImageManifestNotFoundError(_) => true,
+        _ => false,
+    };
+    if !missing {
+        return describe(error);
+    }
+    let version = match (reference.digest(), reference.tag()) {
+        (Some(digest), _) => format!("@{digest}"),
+        (None, tag) => format!(":{}", tag.unwrap_or("latest")),
+    };
+    format!("the registry {} has no {}{version}", reference.resolve_registry(), reference.repository())
 }
 
 /// The error of the client, in one line; a refusal for want of credentials
