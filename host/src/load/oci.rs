@@ -351,7 +351,10 @@ fn describe_manifest_pull(error: &oci_client::errors::OciDistributionError, refe
 /// sends them in headers, which its errors do not quote.
 fn describe(error: &oci_client::errors::OciDistributionError) -> String {
     use oci_client::errors::OciDistributionError as E;
-    let mut text = error.to_string();
+    let mut text = match error {
+        E::ServerError { code, url, message } => server_error(*code, url, message),
+        _ => error.to_string(),
+    };
     let mut source = std::error::Error::source(error);
     while let Some(cause) = source {
         text = format!("{text}: {cause}");
@@ -364,6 +367,28 @@ fn describe(error: &oci_client::errors::OciDistributionError) -> String {
         text.push_str(CREDENTIALS_HINT);
     }
     text
+}
+
+/// An HTTP error the server answered with, in one line: a body that is a
+/// page (a web server, not a registry) is named as one, not quoted, and a
+/// long one is cut.
+fn server_error(code: u16, url: &str, body: &str) -> String {
+    const SHOWN: usize = 200;
+    let reason = http::StatusCode::from_u16(code).ok().and_then(|status| status.canonical_reason());
+    let status = reason.map_or_else(|| code.to_string(), |reason| format!("{code} {reason}"));
+    let body = body.trim();
+    let said = if body.starts_with('<') {
+        " with an HTML page: not an OCI registry's answer".to_owned()
+    } else if body.is_empty() {
+        String::new()
+    } else {
+        let line: String = body.split_whitespace().collect::<Vec<_>>().join(" ");
+        match line.char_indices().nth(SHOWN) {
+            Some((cut, _)) => format!(": {}…", &line[..cut]),
+            None => format!(": {line}"),
+        }
+    };
+    format!("{url} answered {status}{said}")
 }
 
 /// Where a refused request's credentials come from (README, "Plugins from
@@ -403,6 +428,25 @@ fn credentials(registry: &str) -> Option<Credentials> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A server's error is one short line: a web server's page is named as
+    /// one, a long text is cut, the status has its reason.
+    #[test]
+    fn a_servers_error_is_one_short_line() {
+        let url = "http://127.0.0.1:8000/v2/x/manifests/1";
+        let page = "<!DOCTYPE HTML>\n<html lang=\"en\">\n<body>\n<h1>Error response</h1>\n</body>\n</html>\n";
+        assert_eq!(
+            server_error(404, url, page),
+            format!("{url} answered 404 Not Found with an HTML page: not an OCI registry's answer")
+        );
+        assert_eq!(server_error(502, url, "  "), format!("{url} answered 502 Bad Gateway"));
+        assert_eq!(server_error(599, url, "upstream\n  gone"), format!("{url} answered 599: upstream gone"));
+        let long = "é".repeat(300);
+        assert_eq!(
+            server_error(500, url, &long),
+            format!("{url} answered 500 Internal Server Error: {}…", "é".repeat(200))
+        );
+    }
 
     #[test]
     fn loopback_registries_are_told_apart() {
