@@ -972,3 +972,44 @@ async fn plugins_added_changed_removed_or_broken_reload_while_a_call_is_in_fligh
 fn reload_settle() -> Duration {
     Duration::from_millis(2000)
 }
+
+#[test]
+fn a_client_that_closed_its_end_of_the_output_has_no_further_request_run() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut child = keel_command(workspace.path(), &keel_args("serve", &[], &[]))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(stderr_file(workspace.path()))
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let [initialize, initialized] = handshake();
+    writeln!(stdin, "{initialize}").unwrap();
+    let mut reply = String::new();
+    stdout.read_line(&mut reply).unwrap();
+    assert!(reply.contains("protocolVersion"), "{reply}");
+    writeln!(stdin, "{initialized}").unwrap();
+    // Nobody reads the replies any more: the first call's cannot be written.
+    drop(stdout);
+    writeln!(stdin, "{}", tools_call(2, "echo", &json!({ "text": "unread" }))).unwrap();
+    std::thread::sleep(Duration::from_secs(1));
+    // A write asked for after that is never run, and the server ends.
+    let late = json!({ "file_path": "late.txt", "content": "written for nobody" });
+    let _ = writeln!(stdin, "{}", tools_call(3, "write_file", &late));
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the server went on serving a client that reads nothing"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "{status:?}");
+    assert!(!workspace.path().join("late.txt").exists());
+    let stderr = std::fs::read_to_string(stderr_path(workspace.path())).unwrap();
+    assert!(stderr.contains("the client closed its end of the output"), "{stderr}");
+}

@@ -9,13 +9,16 @@
 //! it.
 //!
 //! It also writes each message it is given to send at once, where it can
-//! ([`eagerly`]).
+//! ([`eagerly`]); and once a write finds the client's end of the output
+//! closed, it takes no further request: none could be answered.
 //!
 //! [`Arrival`]: keel_host::Arrival
 
 use std::borrow::Cow;
 use std::future::Ready;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use futures::future::Either;
@@ -45,6 +48,8 @@ pub struct Arrivals<T> {
     shelf: Shelf,
     /// The calls decoded beneath `inner`.
     lane: CallLane,
+    /// Set once a send found the client's end of the output closed.
+    gone: Arc<AtomicBool>,
 }
 
 impl<T> Arrivals<T> {
@@ -52,7 +57,7 @@ impl<T> Arrivals<T> {
     /// into `lane` ([`fast_calls`]), with arrivals in the stream of the pool
     /// `shelf` holds as each is read.
     pub fn new(inner: T, shelf: Shelf, lane: CallLane) -> Self {
-        Arrivals { inner, shelf, lane }
+        Arrivals { inner, shelf, lane, gone: Arc::default() }
     }
 }
 
@@ -67,10 +72,28 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        eagerly(self.inner.send(item))
+        let noted = |gone: &AtomicBool, sent: Result<(), T::Error>| {
+            if sent.as_ref().is_err_and(is_broken_pipe) {
+                gone.store(true, Ordering::Relaxed);
+            }
+            sent
+        };
+        match eagerly(self.inner.send(item)) {
+            Either::Left(sent) => Either::Left(std::future::ready(noted(&self.gone, sent.into_inner()))),
+            Either::Right(sending) => {
+                let gone = self.gone.clone();
+                Either::Right(async move { noted(&gone, sending.await) })
+            }
+        }
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
+        // With nobody to read the replies, a request would run its tool for
+        // nothing: the session ends as if the client had closed its input.
+        if self.gone.load(Ordering::Relaxed) {
+            tracing::warn!("the client closed its end of the output: no request is taken after it");
+            return None;
+        }
         // Cancel-safe as the inner `receive` is: the arrival is taken only
         // once a whole message was read.
         let mut message = fast_calls::receive(&mut self.inner, &self.lane).await?;
@@ -88,6 +111,12 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
         self.inner.close()
     }
+}
+
+/// Whether a failed send says the client's end of the output is closed.
+fn is_broken_pipe(error: &(impl std::error::Error + 'static)) -> bool {
+    let error: &dyn std::error::Error = error;
+    error.downcast_ref::<std::io::Error>().is_some_and(|error| error.kind() == std::io::ErrorKind::BrokenPipe)
 }
 
 /// `send`, begun at once: polled once before it is handed back, so that a
