@@ -274,3 +274,20 @@ fn what_is_not_a_component_artifact_or_not_there_is_refused_naming_the_reference
         project.path().join("cache/oci/blobs/sha256").join(format!("{}.wasm", sha256(layer.as_bytes())));
     assert!(!kept.exists(), "what is not WebAssembly is not kept");
 }
+
+#[test]
+fn a_registry_nothing_answers_at_is_named_with_the_reason() {
+    // A loopback port just freed: nothing listens there.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let project = Project::new();
+    let reference = format!("oci://127.0.0.1:{port}/tools/echo:1");
+    let output = project.keel(&mut project.command(&["run", "--plugins", &reference, "batch.json"]));
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: failed to pull {reference}: could not connect to the registry 127.0.0.1:{port}: \
+             Connection refused (os error 111)\n"
+        )
+    );
+}

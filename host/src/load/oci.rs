@@ -351,6 +351,21 @@ fn describe_manifest_pull(error: &oci_client::errors::OciDistributionError, refe
 /// sends them in headers, which its errors do not quote.
 fn describe(error: &oci_client::errors::OciDistributionError) -> String {
     use oci_client::errors::OciDistributionError as E;
+    if let E::RequestError(request) = error
+        && request.is_connect()
+    {
+        // The innermost cause says why (`Connection refused`); the layers
+        // above it only repeat that a request failed.
+        let mut cause: &dyn std::error::Error = request;
+        while let Some(inner) = cause.source() {
+            cause = inner;
+        }
+        let at = request.url().map_or_else(String::new, |url| {
+            let host = url.host_str().unwrap_or_default();
+            url.port_or_known_default().map_or_else(|| format!(" {host}"), |port| format!(" {host}:{port}"))
+        });
+        return format!("could not connect to the registry{at}: {cause}");
+    }
     let mut text = match error {
         E::ServerError { code, url, message } => server_error(*code, url, message),
         _ => error.to_string(),
