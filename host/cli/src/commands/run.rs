@@ -125,13 +125,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.batch != "-" {
         inputs.push((Path::new(&args.batch), "the batch"));
     }
-    trace::check_distinct(&[("--trace", &args.trace), ("--timeline", &args.timeline)], &inputs)?;
-    if let Some(path) = &args.trace {
-        trace::check_writable(path, "trace")?;
-    }
-    if let Some(path) = &args.timeline {
-        trace::check_writable(path, "timeline")?;
-    }
+    let reports = [("--trace", "trace", &args.trace), ("--timeline", "timeline", &args.timeline)];
+    trace::check_reports(&reports, &inputs)?;
     let mut recording = Recording::of_batch(uses.iter().map(|call| (call.id.as_str(), call.name.as_str())));
     let runtime = keel_cli::call_runtime().build()?;
     let (results, wall) = runtime.block_on(async {

@@ -117,7 +117,7 @@ fn figures_args(placed: &Placed<'_>) -> Value {
 /// Check that `path` is not a directory and that a file can be made beside
 /// it (so that a run does not go to waste on a trace it cannot write),
 /// naming `path` and the system's reason when it cannot.
-pub fn check_writable(path: &Path, what: &str) -> Result<()> {
+fn check_writable(path: &Path, what: &str) -> Result<()> {
     if path.is_dir() {
         // The system's own words, as for the other reasons below.
         let error = std::io::Error::from_raw_os_error(libc::EISDIR);
@@ -140,21 +140,24 @@ pub fn check_writable(path: &Path, what: &str) -> Result<()> {
     }
 }
 
-/// Refuse a report file (each given by its flag) that names one of
-/// `inputs` (each with what it is), or the file of a report before it: it
-/// would replace what the command reads, or what the other report wrote.
-pub fn check_distinct(reports: &[(&str, &Option<PathBuf>)], inputs: &[(&Path, &str)]) -> Result<()> {
-    let reports: Vec<(&str, &Path)> =
-        reports.iter().filter_map(|(flag, path)| Some((*flag, path.as_deref()?))).collect();
-    for (index, &(flag, path)) in reports.iter().enumerate() {
+/// Refuse, before anything runs, a report file (each given by its flag,
+/// what it is called in errors, and its path if asked for) that names one
+/// of `inputs` (each with what it is) or the file of a report before it,
+/// since it would replace what the command reads or what the other report
+/// wrote; then one that cannot be written ([`check_writable`]).
+pub fn check_reports(reports: &[(&str, &str, &Option<PathBuf>)], inputs: &[(&Path, &str)]) -> Result<()> {
+    let reports: Vec<(&str, &str, &Path)> =
+        reports.iter().filter_map(|(flag, what, path)| Some((*flag, *what, path.as_deref()?))).collect();
+    for (index, &(flag, _, path)) in reports.iter().enumerate() {
         if let Some((_, what)) = inputs.iter().find(|(input, _)| same_file(path, input)) {
             bail!("{flag} {} is {what}; give the report a file of its own", path.display());
         }
-        if let Some((other, _)) = reports[..index].iter().find(|(_, earlier)| same_file(path, earlier)) {
+        if let Some((other, _, _)) = reports[..index].iter().find(|(_, _, earlier)| same_file(path, earlier))
+        {
             bail!("{other} and {flag} name the same file, {}; give each a file of its own", path.display());
         }
     }
-    Ok(())
+    reports.iter().try_for_each(|(_, what, path)| check_writable(path, what))
 }
 
 /// Whether `a` and `b` name one file: the same file when both exist (links
