@@ -273,6 +273,14 @@ fn what_is_not_a_component_artifact_or_not_there_is_refused_naming_the_reference
     let kept =
         project.path().join("cache/oci/blobs/sha256").join(format!("{}.wasm", sha256(layer.as_bytes())));
     assert!(!kept.exists(), "what is not WebAssembly is not kept");
+    // Nor is an index, nor its tag: the cache holds the junk manifest alone.
+    let manifests: Vec<_> = std::fs::read_dir(project.path().join("cache/oci/blobs/sha256"))
+        .unwrap()
+        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
+        .collect();
+    assert_eq!(manifests, [sha256(manifest.to_string().as_bytes())], "what is kept");
+    let tags = std::fs::read_dir(project.path().join("cache/oci/tags")).unwrap().count();
+    assert_eq!(tags, 1, "only junk:1's tag is kept");
 }
 
 #[test]

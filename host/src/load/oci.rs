@@ -27,7 +27,9 @@ use std::path::{Path, PathBuf};
 
 use base64::Engine as _;
 use oci_client::client::{ClientConfig, ClientProtocol, Config, ImageLayer};
-use oci_client::manifest::{OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciImageManifest};
+use oci_client::manifest::{
+    OCI_IMAGE_INDEX_MEDIA_TYPE, OCI_IMAGE_MEDIA_TYPE, OciDescriptor, OciImageManifest,
+};
 use oci_client::secrets::RegistryAuth;
 use oci_client::{Client, Reference};
 
@@ -158,6 +160,9 @@ impl Registries {
             .await
             .map_err(|error| describe_manifest_pull(&error, reference))?;
         let digest = format!("sha256:{}", sha256_hex(&raw));
+        // What cannot be a component is refused before anything is kept:
+        // the next pull of the tag asks the registry again.
+        wasm_layer(&raw)?;
         self.keep(&self.blob_path(&digest, ""), &raw)?;
         self.keep(&self.tag_path(reference), digest.as_bytes())?;
         Ok(digest)
@@ -166,8 +171,8 @@ impl Registries {
     async fn pull_digest(&self, reference: &Reference, digest: &str) -> Result<Pulled, String> {
         let hex = digest_hex(digest)?;
         let manifest_file = self.blob_path(digest, "");
-        let raw = match std::fs::read(&manifest_file) {
-            Ok(raw) if sha256_hex(&raw) == hex => raw,
+        let layer = match std::fs::read(&manifest_file) {
+            Ok(raw) if sha256_hex(&raw) == hex => wasm_layer(&raw)?,
             _ => {
                 let by_digest = reference.clone_with_digest(digest.to_owned());
                 let client = self.client(reference);
@@ -179,29 +184,11 @@ impl Registries {
                 if actual != hex {
                     return Err(format!("the manifest has digest sha256:{actual}, not {digest}"));
                 }
+                // Kept only once it is known to be a component's.
+                let layer = wasm_layer(&raw)?;
                 self.keep(&manifest_file, &raw)?;
-                raw.to_vec()
+                layer
             }
-        };
-        if serde_json::from_slice::<MediaType>(&raw)
-            .is_ok_and(|held| held.media_type == OCI_IMAGE_INDEX_MEDIA_TYPE)
-        {
-            return Err("it is an image index (a manifest for each platform), not a WebAssembly component \
-                        artifact"
-                .to_owned());
-        }
-        let manifest: OciImageManifest = serde_json::from_slice(&raw)
-            .map_err(|error| format!("the manifest is not an OCI image manifest: {error}"))?;
-        if manifest.config.media_type != WASM_CONFIG_MEDIA_TYPE {
-            return Err(format!(
-                "its config has media type {}, not {WASM_CONFIG_MEDIA_TYPE}: not a WebAssembly component artifact",
-                manifest.config.media_type
-            ));
-        }
-        let layers: Vec<_> =
-            manifest.layers.iter().filter(|layer| layer.media_type == WASM_LAYER_MEDIA_TYPE).collect();
-        let [layer] = layers.as_slice() else {
-            return Err(format!("it has {} layers of type {WASM_LAYER_MEDIA_TYPE}, not one", layers.len()));
         };
         let layer_hex = digest_hex(&layer.digest)?.to_owned();
         let file = self.blob_path(&layer.digest, ".wasm");
@@ -209,7 +196,7 @@ impl Registries {
             let client = self.client(reference);
             client.store_auth_if_needed(reference.resolve_registry(), &self.auth(reference)).await;
             let mut bytes = Vec::new();
-            client.pull_blob(reference, *layer, &mut bytes).await.map_err(|error| describe(&error))?;
+            client.pull_blob(reference, &layer, &mut bytes).await.map_err(|error| describe(&error))?;
             let actual = sha256_hex(&bytes);
             if actual != layer_hex {
                 return Err(format!("the component blob has digest sha256:{actual}, not {}", layer.digest));
@@ -273,6 +260,35 @@ impl Registries {
 /// a digest: left out, a registry would be Docker Hub's and a tag `latest`,
 /// as a container tool takes them, and `oci://registry/grep:1` would pull a
 /// stranger's image from Docker Hub rather than fail.
+/// The one WebAssembly layer of the manifest `raw`, or why it is not a
+/// component artifact.
+fn wasm_layer(raw: &[u8]) -> Result<OciDescriptor, String> {
+    if serde_json::from_slice::<MediaType>(raw)
+        .is_ok_and(|held| held.media_type == OCI_IMAGE_INDEX_MEDIA_TYPE)
+    {
+        return Err(
+            "it is an image index (a manifest for each platform), not a WebAssembly component artifact"
+                .to_owned(),
+        );
+    }
+    let manifest: OciImageManifest = serde_json::from_slice(raw)
+        .map_err(|error| format!("the manifest is not an OCI image manifest: {error}"))?;
+    if manifest.config.media_type != WASM_CONFIG_MEDIA_TYPE {
+        return Err(format!(
+            "its config has media type {}, not {WASM_CONFIG_MEDIA_TYPE}: not a WebAssembly component artifact",
+            manifest.config.media_type
+        ));
+    }
+    let mut layers = manifest.layers.into_iter().filter(|layer| layer.media_type == WASM_LAYER_MEDIA_TYPE);
+    match (layers.next(), layers.count()) {
+        (Some(layer), 0) => Ok(layer),
+        (first, rest) => Err(format!(
+            "it has {} layers of type {WASM_LAYER_MEDIA_TYPE}, not one",
+            usize::from(first.is_some()) + rest
+        )),
+    }
+}
+
 fn parse(reference: &str) -> Result<Reference, String> {
     let rest =
         reference.strip_prefix(SCHEME).ok_or_else(|| format!("a plugin reference starts with {SCHEME}"))?;
