@@ -174,4 +174,12 @@ fn a_cache_that_is_not_a_directory_is_warned_of_once_and_the_run_goes_on_without
         "{stderr}"
     );
     assert_eq!(std::fs::read_to_string(project.cache()).unwrap(), "not a directory");
+    // Listing or pruning it is refused, naming it.
+    for args in [&["cache"][..], &["cache", "prune"]] {
+        let output =
+            support::run(&mut support::keel(project.path(), &project.cache(), args), Duration::from_secs(60));
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        let expected = format!("error: the compile cache {} is not a directory\n", project.cache().display());
+        assert_eq!(String::from_utf8_lossy(&output.stderr), expected, "{args:?}");
+    }
 }

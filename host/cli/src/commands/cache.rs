@@ -36,6 +36,10 @@ pub fn run(args: &CacheArgs) -> Result<()> {
     let Some(dir) = args.cache_dir.clone().or_else(default_cache_dir) else {
         bail!("no compile cache: set KEEL_CACHE_DIR or pass --cache-dir");
     };
+    // Said of the cache, not of the first file read inside it.
+    if dir.exists() && !dir.is_dir() {
+        bail!("the compile cache {} is not a directory", dir.display());
+    }
     match args.command {
         Some(CacheCommand::Prune { days }) => {
             let pruned = cache::prune(&dir, Duration::from_secs(days.saturating_mul(86_400)))?;
