@@ -89,6 +89,9 @@ pub const MAX_IMAGE_SIDE_PX: u64 = 8_000;
 /// (`width × height / 750`).
 pub const IMAGE_PIXELS_PER_TOKEN: u64 = 750;
 
+/// Why an image persisted by the per-message tier was left out.
+const OVER_BUDGET: &str = "the result is over its budget";
+
 /// What an image of `info`'s size counts for in the budgets, in chars: the
 /// tokens a model spends on it, at [`BYTES_PER_TOKEN`] chars each, as text is
 /// counted. An image is budgeted by what it costs the model's context, not by
@@ -401,6 +404,35 @@ impl Budget {
         (result, refused_any)
     }
 
+    /// How many chars the replacement [`Budget::persist_content`] makes of
+    /// `content` counts for, its files written.
+    fn replacement_chars(&self, tool_use_id: &str, content: &Content) -> u64 {
+        let text_chars = |text: &str| {
+            // The block holds a text that fits its preview whole, and more.
+            if text.len() <= persist::PREVIEW_SIZE_BYTES {
+                return u64::MAX;
+            }
+            let shown = persist::shown_path(&self.shown_root, &file_name(tool_use_id));
+            persist::persisted_block(text, &shown).chars().count() as u64
+        };
+        let blocks = match content {
+            Content::Text(text) => return text_chars(text),
+            Content::Blocks(blocks) => blocks,
+        };
+        let text = crate::content::text_of(blocks);
+        let images = blocks.iter().filter_map(|block| match block {
+            ContentBlock::Image(image) => Some(image),
+            ContentBlock::Text(_) => None,
+        });
+        let notes = (1..).zip(images).map(|(number, image)| {
+            let file = persist::image_file_name(tool_use_id, number, image.extension());
+            let shown = persist::shown_path(&self.shown_root, &file);
+            persist::persisted_image_block(image, OVER_BUDGET, &shown).chars().count() as u64
+        });
+        let text = if text.is_empty() { 0 } else { text_chars(&text) };
+        notes.fold(text, u64::saturating_add)
+    }
+
     /// Persist `content` whole: what the model reads instead (text), and
     /// whether it is an error.
     async fn persist_content(&self, tool_use_id: &str, content: Content, is_error: bool) -> (Content, bool) {
@@ -425,8 +457,7 @@ impl Budget {
             ContentBlock::Text(_) => None,
         });
         for (number, image) in (1..).zip(images) {
-            let why = "the result is over its budget".to_string();
-            let (note, failed) = self.persist_image(tool_use_id, number, &image, &why).await;
+            let (note, failed) = self.persist_image(tool_use_id, number, &image, OVER_BUDGET).await;
             is_error |= failed;
             shown.push(ContentBlock::Text(note));
         }
@@ -466,8 +497,11 @@ impl Budget {
     /// stays whole. Then, while the message is over
     /// [`Budget::per_message_chars`], the largest undecided result that is
     /// replaceable (not [`Threshold::SelfBounded`], not already a
-    /// replacement) is persisted; ties go to the earlier result. Every result
-    /// is then recorded in the ledger, replaced or kept. A message whose
+    /// replacement) is persisted; ties go to the earlier result. A result
+    /// whose replacement would be no shorter than it (a text that fits the
+    /// preview whole, say) is kept: persisting it would only make the
+    /// message longer. Every result is then recorded in the ledger, replaced
+    /// or kept. A message whose
     /// remaining results are all decided or exempt may stay over the limit:
     /// a decision is never revisited.
     ///
@@ -509,6 +543,11 @@ impl Budget {
                 break;
             }
             let result = &mut results[index];
+            // What a replacement would not shorten stays: persisting it
+            // cannot bring the message nearer its limit.
+            if self.replacement_chars(&result.tool_use_id, &result.content) >= sizes[index] {
+                continue;
+            }
             let content = std::mem::take(&mut result.content);
             (result.content, result.is_error) =
                 Box::pin(self.persist_content(&result.tool_use_id, content, result.is_error)).await;
@@ -921,6 +960,30 @@ mod tests {
         // 280K: the self-bounded 100K stays; 80K then 60K go.
         assert_eq!(replaced_ids(&message), ["r2", "r4"]);
         assert_eq!(message[0].content.text().len(), 100_000);
+    }
+
+    #[tokio::test]
+    async fn results_a_replacement_would_not_shorten_are_kept() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        // 20,000 short results: each fits its preview whole, so its
+        // replacement would be longer than it.
+        let mut message = results(&[20; 20_000]);
+        let before = message.clone();
+        let mut ledger = Ledger::new();
+        budget.per_message(&mut message, &vec![Threshold::default(); 20_000], &mut ledger).await;
+        assert_eq!(message, before);
+        assert!(store.names().is_empty());
+        assert_eq!(ledger.iter().filter(|(_, d)| **d == Decision::Kept).count(), 20_000);
+
+        // Of 150 results of 2,000 chars, one of 3,000 and one of 700 chars
+        // of three bytes each (2,100 bytes: its preview and the block's
+        // words are longer than it), only the 3,000 shortens.
+        let mut message = results(&[2_000; 151]);
+        message[150].content = Content::Text(text(3_000));
+        message.push(ToolResult::ok("wide", "語".repeat(700)));
+        budget.per_message(&mut message, &vec![Threshold::default(); 152], &mut Ledger::new()).await;
+        assert_eq!(replaced_ids(&message), ["r150"]);
+        assert_eq!(store.names(), ["r150.txt"]);
     }
 
     #[tokio::test]
