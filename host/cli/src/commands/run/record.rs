@@ -25,6 +25,13 @@ pub struct Recording {
     /// At most this many calls are kept, the oldest finished ones dropped
     /// first; `None` keeps every call.
     limit: Option<usize>,
+    /// The `seq` of the latest call heard of under each id still kept:
+    /// `calls` is in `seq` order, so a call is found by a binary search,
+    /// where a scan made a batch of 40,000 calls spend seconds finding
+    /// each result's call.
+    seqs: HashMap<String, u64>,
+    /// The `seq` the next call heard of gets.
+    next_seq: u64,
 }
 
 /// One call as the run reported it.
@@ -48,6 +55,8 @@ pub struct CallRecord {
     pub error: Option<String>,
     /// What the tool reported as it ran, in order.
     pub reports: Vec<Report>,
+    /// When it was first heard of, counted in calls.
+    seq: u64,
 }
 
 /// One thing a running tool reported.
@@ -140,14 +149,19 @@ impl Recording {
 
     /// The call `id`, new if unheard of.
     fn call(&mut self, id: &str) -> &mut CallRecord {
-        // Calls in flight are the latest heard of.
-        let index = match self.calls.iter().rposition(|call| call.tool_use_id == id) {
+        let kept =
+            self.seqs.get(id).and_then(|seq| self.calls.binary_search_by_key(seq, |call| call.seq).ok());
+        let index = match kept {
             Some(index) => index,
             None => {
+                let seq = self.next_seq;
+                self.next_seq += 1;
+                self.seqs.insert(id.to_string(), seq);
                 let tool = self.names.get(id).cloned().unwrap_or_default();
                 self.calls.push_back(CallRecord {
                     tool_use_id: id.to_string(),
                     tool,
+                    seq,
                     ..CallRecord::default()
                 });
                 self.calls.len() - 1
@@ -162,7 +176,12 @@ impl Recording {
         let Some(limit) = self.limit else { return };
         while self.calls.len() > limit {
             match self.calls.iter().position(|call| call.finished_us.is_some() || call.is_error.is_some()) {
-                Some(index) => drop(self.calls.remove(index)),
+                Some(index) => {
+                    let call = self.calls.remove(index).expect("found above");
+                    if self.seqs.get(&call.tool_use_id) == Some(&call.seq) {
+                        self.seqs.remove(&call.tool_use_id);
+                    }
+                }
                 None => break,
             }
         }
@@ -415,6 +434,34 @@ mod tests {
         }
         let kept: Vec<&str> = recording.calls.iter().map(|call| call.tool_use_id.as_str()).collect();
         assert_eq!(kept, ["running", "c"]);
+    }
+
+    #[test]
+    fn each_event_finds_the_latest_call_of_its_id() {
+        let started =
+            |id: &str| Event::CallStarted { tool_use_id: id.into(), tool: "echo".into(), activity: None };
+        let finished =
+            |id: &str| Event::CallFinished { tool_use_id: id.into(), is_error: false, figures: None };
+        // A batch's results arrive in its order, after every call started.
+        let mut recording = Recording::of_batch([]);
+        for (at, id) in ["a", "b", "c"].into_iter().enumerate() {
+            recording.record_at(&started(id), at as u64);
+        }
+        for (at, id) in ["c", "a", "b"].into_iter().enumerate() {
+            recording.record_at(&finished(id), 10 + at as u64);
+        }
+        let finished_at: Vec<_> =
+            recording.calls.iter().map(|call| (call.tool_use_id.as_str(), call.finished_us)).collect();
+        assert_eq!(finished_at, [("a", Some(11)), ("b", Some(12)), ("c", Some(10))]);
+        // A call dropped by the bound, heard of again, is a new one.
+        let mut recording = Recording::bounded(1);
+        for (at, id) in ["a", "b", "a"].into_iter().enumerate() {
+            recording.record_at(&started(id), 2 * at as u64);
+            recording.record_at(&finished(id), 2 * at as u64 + 1);
+        }
+        let kept: Vec<_> =
+            recording.calls.iter().map(|call| (call.tool_use_id.as_str(), call.started_us)).collect();
+        assert_eq!(kept, [("a", Some(4))]);
     }
 
     #[test]
