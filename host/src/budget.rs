@@ -408,14 +408,12 @@ impl Budget {
     /// `content` counts for, its files written.
     fn replacement_chars(&self, tool_use_id: &str, content: &Content) -> u64 {
         let text_chars = |text: &str| {
-            // The block holds a text that fits its preview whole, and more.
-            if text.len() <= persist::PREVIEW_SIZE_BYTES {
-                return u64::MAX;
-            }
             let shown = persist::shown_path(&self.shown_root, &file_name(tool_use_id));
             persist::persisted_block(text, &shown).chars().count() as u64
         };
         let blocks = match content {
+            // The block holds a text that fits its preview whole, and more.
+            Content::Text(text) if text.len() <= persist::PREVIEW_SIZE_BYTES => return u64::MAX,
             Content::Text(text) => return text_chars(text),
             Content::Blocks(blocks) => blocks,
         };
@@ -501,9 +499,9 @@ impl Budget {
     /// whose replacement would be no shorter than it (a text that fits the
     /// preview whole, say) is kept: persisting it would only make the
     /// message longer. Every result is then recorded in the ledger, replaced
-    /// or kept. A message whose
-    /// remaining results are all decided or exempt may stay over the limit:
-    /// a decision is never revisited.
+    /// or kept. A message whose remaining results are all decided, exempt or
+    /// too short to shorten may stay over the limit: a decision is never
+    /// revisited.
     ///
     /// # Panics
     ///
@@ -984,6 +982,40 @@ mod tests {
         budget.per_message(&mut message, &vec![Threshold::default(); 152], &mut Ledger::new()).await;
         assert_eq!(replaced_ids(&message), ["r150"]);
         assert_eq!(store.names(), ["r150.txt"]);
+    }
+
+    /// The header of a PNG of `width` × `height` px, all a budget reads.
+    fn png(width: u32, height: u32) -> Image {
+        let mut bytes = b"\x89PNG\r\n\x1a\n\0\0\0\x0dIHDR".to_vec();
+        bytes.extend(width.to_be_bytes());
+        bytes.extend(height.to_be_bytes());
+        bytes.extend([8, 6, 0, 0, 0, 0, 0, 0, 0]);
+        Image::new("image/png", bytes)
+    }
+
+    #[tokio::test]
+    async fn a_short_text_with_a_large_image_is_persisted_and_a_tiny_image_is_kept() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        let with = |id: &str, image: Image| {
+            let blocks = vec![ContentBlock::Text("a screenshot:".into()), ContentBlock::Image(image)];
+            ToolResult { content: Content::Blocks(blocks), ..ToolResult::ok(id, "") }
+        };
+        // 2,000 × 2,000 px count as 21,336 chars; 1 × 1 px as 4, less than
+        // the note that would name its file.
+        // The message stays over once the large one is persisted.
+        let mut message = results(&[199_990]);
+        message.push(with("large", png(2_000, 2_000)));
+        message.push(with("tiny", png(1, 1)));
+        budget
+            .per_message(
+                &mut message,
+                &[Threshold::SelfBounded, Threshold::default(), Threshold::default()],
+                &mut Ledger::new(),
+            )
+            .await;
+        assert_eq!(replaced_ids(&message), ["large"]);
+        assert_eq!(store.names(), ["large-image-1.png", "large.txt"]);
+        assert!(matches!(&message[2].content, Content::Blocks(blocks) if blocks.len() == 2));
     }
 
     #[tokio::test]
