@@ -178,7 +178,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let wall_us = u64::try_from(wall.as_micros()).unwrap_or(u64::MAX);
     let summary = stats::summary(&recording, results.len(), errors, wall_us);
     if let Some(path) = &args.trace {
-        trace::write(path, &trace::to_bytes(&trace::trace(&recording, "keel run")), "trace")?;
+        trace::write(path, &trace::trace(&recording, "keel run"), "trace")?;
     }
     if let Some(path) = &args.timeline {
         let title = format!("keel run {}", args.batch);

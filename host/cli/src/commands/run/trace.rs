@@ -22,19 +22,23 @@ const PID: u64 = 1;
 /// The track of the plan's groups; slots come after it.
 const PLAN_TID: usize = 0;
 
-/// The trace of `recording`, named `process` (`keel run`, `keel serve`).
-pub fn trace(recording: &Recording, process: &str) -> Value {
+/// The JSON text of the trace of `recording`, named `process` (`keel run`,
+/// `keel serve`). Each event is written as it is made: a trace of 20,000
+/// calls is 160,000 events, which held as one tree of values took half a
+/// gigabyte.
+pub fn trace(recording: &Recording, process: &str) -> Vec<u8> {
     let layout = Layout::of(recording);
     let slot_tid = |slot: usize| slot + 1;
     let planning_tid = |lane: usize| layout.slots + lane + 1;
-    let mut events = vec![json!({
+    let mut events = Events::default();
+    events.push(&json!({
         "name": "process_name", "ph": "M", "pid": PID, "tid": PLAN_TID, "args": { "name": process }
-    })];
+    }));
     let mut track = |tid: usize, name: String| {
         events.push(
-            json!({ "name": "thread_name", "ph": "M", "pid": PID, "tid": tid, "args": { "name": name } }),
+            &json!({ "name": "thread_name", "ph": "M", "pid": PID, "tid": tid, "args": { "name": name } }),
         );
-        events.push(json!({ "name": "thread_sort_index", "ph": "M", "pid": PID, "tid": tid, "args": { "sort_index": tid } }));
+        events.push(&json!({ "name": "thread_sort_index", "ph": "M", "pid": PID, "tid": tid, "args": { "sort_index": tid } }));
     };
     if !layout.groups.is_empty() {
         track(PLAN_TID, "plan".into());
@@ -47,7 +51,7 @@ pub fn trace(recording: &Recording, process: &str) -> Value {
     }
     for Group { group, label, span } in &layout.groups {
         let Some((start, end)) = span else { continue };
-        events.push(json!({
+        events.push(&json!({
             "name": label, "cat": "plan", "ph": "X", "pid": PID, "tid": PLAN_TID,
             "ts": layout.relative(*start), "dur": end - start,
             "args": { "concurrent": group.concurrent, "tool_use_ids": group.tool_use_ids },
@@ -57,17 +61,17 @@ pub fn trace(recording: &Recording, process: &str) -> Value {
         let call = placed.call;
         let ids = json!({ "tool": call.tool, "tool_use_id": call.tool_use_id });
         if let Some(((start, end), slot)) = placed.turn {
-            events.push(json!({
+            events.push(&json!({
                 "name": call.tool, "cat": "tool", "ph": "X", "pid": PID, "tid": slot_tid(slot),
                 "ts": layout.relative(start), "dur": end - start, "args": figures_args(placed),
             }));
             for step in &placed.steps {
-                events.push(step_event(&layout, step, slot_tid(slot), &ids));
+                events.push(&step_event(&layout, step, slot_tid(slot), &ids));
             }
         }
         if let Some(lane) = placed.planning_lane {
             for step in &placed.planning {
-                events.push(step_event(&layout, step, planning_tid(lane), &ids));
+                events.push(&step_event(&layout, step, planning_tid(lane), &ids));
             }
         }
         let tid = match (placed.turn, placed.planning_lane) {
@@ -80,13 +84,31 @@ pub fn trace(recording: &Recording, process: &str) -> Value {
             if let Some(data) = &report.data {
                 args["data"] = data.clone();
             }
-            events.push(json!({
+            events.push(&json!({
                 "name": report.kind, "cat": report.kind, "ph": "i", "s": "t", "pid": PID, "tid": tid,
                 "ts": layout.relative(report.at_us), "args": args,
             }));
         }
     }
-    json!({ "traceEvents": events, "displayTimeUnit": "ms" })
+    events.finish()
+}
+
+/// A trace's JSON text as its events are added: `{"traceEvents":[…],"displayTimeUnit":"ms"}`.
+#[derive(Default)]
+struct Events {
+    text: Vec<u8>,
+}
+
+impl Events {
+    fn push(&mut self, event: &Value) {
+        self.text.push(if self.text.is_empty() { b'[' } else { b',' });
+        serde_json::to_writer(&mut self.text, event).expect("JSON values serialize");
+    }
+
+    fn finish(self) -> Vec<u8> {
+        let events = if self.text.is_empty() { b"[".to_vec() } else { self.text };
+        [&b"{\"traceEvents\":"[..], &events, b"],\"displayTimeUnit\":\"ms\"}"].concat()
+    }
 }
 
 /// A complete event for one step of a call.
@@ -223,7 +245,7 @@ impl Shared {
     fn write(&self) {
         let _writing = self.writing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let recording = self.recording.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        if let Err(error) = write(&self.path, &to_bytes(&trace(&recording, "keel serve")), "trace") {
+        if let Err(error) = write(&self.path, &trace(&recording, "keel serve"), "trace") {
             tracing::warn!("{error:#}");
         }
     }
@@ -233,7 +255,7 @@ impl TraceFile {
     /// Start the trace at `path`, writing an empty one at once: a path that
     /// cannot be written fails here, naming it.
     pub fn create(path: &Path) -> Result<Self> {
-        write(path, &to_bytes(&trace(&Recording::default(), "keel serve")), "trace")?;
+        write(path, &trace(&Recording::default(), "keel serve"), "trace")?;
         let shared = Arc::new(Shared {
             path: path.to_path_buf(),
             recording: Mutex::new(Recording::bounded(SERVE_TRACE_CALLS)),
@@ -271,9 +293,4 @@ impl Drop for TraceFile {
     fn drop(&mut self) {
         self.shared.write();
     }
-}
-
-/// The JSON text of a trace.
-pub fn to_bytes(trace: &Value) -> Vec<u8> {
-    serde_json::to_vec(trace).expect("JSON values serialize")
 }
