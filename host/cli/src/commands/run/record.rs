@@ -274,14 +274,10 @@ pub fn shorten(text: &str, chars: usize) -> String {
 }
 
 /// A label for a group of the plan: `concurrent run (3 calls)`, or `alone:
-/// write_file` with the tool of its one call.
-pub fn group_label(group: &PlannedGroup, recording: &Recording) -> String {
+/// write_file` with `tool`, the tool of its one call when it was heard of.
+pub fn group_label(group: &PlannedGroup, tool: Option<&str>) -> String {
     match group.tool_use_ids.as_slice() {
-        [id] if !group.concurrent => {
-            let tool =
-                recording.calls.iter().find(|call| &call.tool_use_id == id).map(|call| call.tool.as_str());
-            format!("alone: {}", tool.unwrap_or(id))
-        }
+        [id] if !group.concurrent => format!("alone: {}", tool.unwrap_or(id)),
         ids => format!("concurrent run ({})", crate::commands::counted(ids.len(), "call")),
     }
 }
@@ -391,15 +387,24 @@ impl<'a> Layout<'a> {
             .collect();
         let origin_us = times.iter().copied().min().unwrap_or(0);
         let end_us = times.iter().copied().max().unwrap_or(0);
+        // Each group's calls looked up by id: a batch of 20,000 calls in
+        // one group, or 20,000 alone, is not searched once per call.
+        let index: HashMap<&str, usize> =
+            placed.iter().enumerate().map(|(at, placed)| (placed.call.tool_use_id.as_str(), at)).collect();
         let groups = recording
             .plan
             .iter()
             .map(|group| {
-                let spans =
-                    placed.iter().filter(|placed| group.tool_use_ids.contains(&placed.call.tool_use_id));
-                let spans: Vec<(u64, u64)> = spans.filter_map(|placed| Some(placed.turn?.0)).collect();
+                let members: Vec<&Placed<'a>> = group
+                    .tool_use_ids
+                    .iter()
+                    .filter_map(|id| Some(&placed[*index.get(id.as_str())?]))
+                    .collect();
+                let spans: Vec<(u64, u64)> =
+                    members.iter().filter_map(|placed| Some(placed.turn?.0)).collect();
                 let span = spans.iter().map(|span| span.0).min().zip(spans.iter().map(|span| span.1).max());
-                Group { group, label: group_label(group, recording), span }
+                let tool = members.first().map(|placed| placed.call.tool.as_str());
+                Group { group, label: group_label(group, tool), span }
             })
             .collect();
         Layout { origin_us, end_us, calls: placed, slots, planning_lanes, groups }
