@@ -72,12 +72,23 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        let noted = |gone: &AtomicBool, sent: Result<(), T::Error>| {
-            if sent.as_ref().is_err_and(is_broken_pipe) {
-                gone.store(true, Ordering::Relaxed);
+        // A reply nobody can read is dropped, said once here rather than
+        // as an error of each reply still in flight.
+        let noted = |gone: &AtomicBool, sent: Result<(), T::Error>| match sent {
+            Err(error) if is_broken_pipe(&error) => {
+                if !gone.swap(true, Ordering::Relaxed) {
+                    tracing::warn!(
+                        "the client closed its end of the output: replies are dropped, and no request is \
+                         taken after this one"
+                    );
+                }
+                Ok(())
             }
-            sent
+            sent => sent,
         };
+        if self.gone.load(Ordering::Relaxed) {
+            return Either::Left(std::future::ready(Ok(())));
+        }
         match eagerly(self.inner.send(item)) {
             Either::Left(sent) => Either::Left(std::future::ready(noted(&self.gone, sent.into_inner()))),
             Either::Right(sending) => {
@@ -91,7 +102,6 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
         // With nobody to read the replies, a request would run its tool for
         // nothing: the session ends as if the client had closed its input.
         if self.gone.load(Ordering::Relaxed) {
-            tracing::warn!("the client closed its end of the output: no request is taken after it");
             return None;
         }
         // Cancel-safe as the inner `receive` is: the arrival is taken only
