@@ -11,6 +11,7 @@
 
 use std::io::IsTerminal as _;
 
+use tracing_subscriber::filter::{FilterExt as _, LevelFilter};
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
@@ -74,12 +75,28 @@ fn dispatch(
         std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
     let logs =
         tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).with_ansi(colour);
-    let registry = tracing_subscriber::registry().with(logs.with_filter(filter));
+    // rmcp's warning for each error reply is shown from DEBUG up.
+    let verbose = filter.max_level_hint().is_some_and(|level| level >= LevelFilter::DEBUG);
+    let replies = tracing_subscriber::filter::filter_fn(move |metadata| verbose || !is_error_reply(metadata));
+    let registry = tracing_subscriber::registry().with(logs.with_filter(filter.and(replies)));
     #[cfg(feature = "otlp")]
     if let Some(provider) = provider {
         return tracing::Dispatch::new(registry.with(otlp::layer(provider)));
     }
     tracing::Dispatch::new(registry)
+}
+
+/// Whether `metadata` is rmcp's warning for an error reply it sends
+/// (`response error`, with the request's `id` and the `error`). keel's
+/// error replies are a client's mistakes, or methods it does not serve
+/// (`resources/list`, which clients ask as they connect); the client gets
+/// the error, and the server's log is no place for it.
+fn is_error_reply(metadata: &tracing::Metadata<'_>) -> bool {
+    let fields = metadata.fields();
+    metadata.target() == "rmcp::service"
+        && *metadata.level() == tracing::Level::WARN
+        && fields.field("id").is_some()
+        && fields.field("error").is_some()
 }
 
 #[cfg(feature = "otlp")]

@@ -1019,3 +1019,25 @@ fn a_client_that_closed_its_end_of_the_output_has_no_further_request_run() {
     assert_eq!(stderr.matches("the client closed its end of the output").count(), 1, "{stderr}");
     assert!(!stderr.contains("ERROR"), "{stderr}");
 }
+
+#[test]
+fn an_error_reply_is_the_clients_to_read_not_a_warning_in_the_servers_log() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut child = keel_command(workspace.path(), &keel_args("serve", &[], &[]))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(stderr_file(workspace.path()))
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let [initialize, initialized] = handshake();
+    // Asked by clients as they connect, of a server that serves tools only.
+    let asked = json!({ "jsonrpc": "2.0", "id": 2, "method": "resources/list", "params": {} });
+    writeln!(stdin, "{initialize}\n{initialized}\n{asked}").unwrap();
+    drop(stdin);
+    let output = child.wait_with_output().unwrap();
+    let replies = String::from_utf8(output.stdout).unwrap();
+    assert!(replies.contains("method not found: resources/list"), "{replies}");
+    let stderr = std::fs::read_to_string(stderr_path(workspace.path())).unwrap();
+    assert_eq!(stderr, "", "the server's log");
+}
