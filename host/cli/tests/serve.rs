@@ -67,6 +67,17 @@ fn stderr_file(workspace: &Path) -> std::fs::File {
     std::fs::File::create(stderr_path(workspace)).unwrap()
 }
 
+/// `keel serve` on stdio with `flags`, its stdin and stdout piped to the
+/// test and its stderr to [`stderr_path`].
+fn spawn_serve(workspace: &Path, flags: &[&str]) -> std::process::Child {
+    keel_command(workspace, &keel_args("serve", &[], flags))
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(stderr_file(workspace))
+        .spawn()
+        .unwrap()
+}
+
 /// Progress notifications, as the client received them.
 #[derive(Clone)]
 struct Recorder(mpsc::UnboundedSender<ProgressNotificationParam>);
@@ -423,12 +434,7 @@ struct Raw {
 
 impl Raw {
     fn start(workspace: &Path, flags: &[&str]) -> Raw {
-        let mut child = keel_command(workspace, &keel_args("serve", &[], flags))
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(stderr_file(workspace))
-            .spawn()
-            .unwrap();
+        let mut child = spawn_serve(workspace, flags);
         let stdout = BufReader::new(child.stdout.take().unwrap());
         let (sender, lines) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
@@ -652,12 +658,7 @@ fn a_missing_plugin_path_is_refused_saying_what_to_pass() {
 fn replies_to_lines(lines: &[String], count: usize) -> std::collections::BTreeMap<String, Value> {
     use std::io::{BufRead as _, Write as _};
     let workspace = tempfile::tempdir().unwrap();
-    let mut child = keel_command(workspace.path(), &keel_args("serve", &[], &[]))
-        .stdin(std::process::Stdio::piped())
-        .stdout(std::process::Stdio::piped())
-        .stderr(stderr_file(workspace.path()))
-        .spawn()
-        .unwrap();
+    let mut child = spawn_serve(workspace.path(), &[]);
     let mut stdin = child.stdin.take().unwrap();
     for line in lines {
         writeln!(stdin, "{line}").unwrap();
@@ -976,12 +977,7 @@ fn reload_settle() -> Duration {
 #[test]
 fn a_client_that_closed_its_end_of_the_output_has_no_further_request_run() {
     let workspace = tempfile::tempdir().unwrap();
-    let mut child = keel_command(workspace.path(), &keel_args("serve", &[], &[]))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(stderr_file(workspace.path()))
-        .spawn()
-        .unwrap();
+    let mut child = spawn_serve(workspace.path(), &[]);
     let mut stdin = child.stdin.take().unwrap();
     let mut stdout = BufReader::new(child.stdout.take().unwrap());
     let [initialize, initialized] = handshake();
@@ -1023,12 +1019,7 @@ fn a_client_that_closed_its_end_of_the_output_has_no_further_request_run() {
 #[test]
 fn an_error_reply_is_the_clients_to_read_not_a_warning_in_the_servers_log() {
     let workspace = tempfile::tempdir().unwrap();
-    let mut child = keel_command(workspace.path(), &keel_args("serve", &[], &[]))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(stderr_file(workspace.path()))
-        .spawn()
-        .unwrap();
+    let mut child = spawn_serve(workspace.path(), &[]);
     let mut stdin = child.stdin.take().unwrap();
     let [initialize, initialized] = handshake();
     // Asked by clients as they connect, of a server that serves tools only.
