@@ -11,7 +11,7 @@
 
 use std::io::IsTerminal as _;
 
-use tracing_subscriber::filter::{FilterExt as _, LevelFilter};
+use tracing_subscriber::filter::LevelFilter;
 use tracing_subscriber::layer::SubscriberExt as _;
 use tracing_subscriber::util::SubscriberInitExt as _;
 use tracing_subscriber::{EnvFilter, Layer as _};
@@ -73,12 +73,12 @@ fn dispatch(
 ) -> tracing::Dispatch {
     let colour =
         std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
-    let logs =
-        tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_target(false).with_ansi(colour);
-    // rmcp's warning for each error reply is shown from DEBUG up.
     let verbose = filter.max_level_hint().is_some_and(|level| level >= LevelFilter::DEBUG);
-    let replies = tracing_subscriber::filter::filter_fn(move |metadata| verbose || !is_error_reply(metadata));
-    let registry = tracing_subscriber::registry().with(logs.with_filter(filter.and(replies)));
+    let logs = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_ansi(colour)
+        .event_format(ClientsDoing { format: tracing_subscriber::fmt::format().with_target(false), verbose });
+    let registry = tracing_subscriber::registry().with(logs.with_filter(filter));
     #[cfg(feature = "otlp")]
     if let Some(provider) = provider {
         return tracing::Dispatch::new(registry.with(otlp::layer(provider)));
@@ -86,17 +86,61 @@ fn dispatch(
     tracing::Dispatch::new(registry)
 }
 
-/// Whether `metadata` is rmcp's warning for an error reply it sends
-/// (`response error`, with the request's `id` and the `error`). keel's
-/// error replies are a client's mistakes, or methods it does not serve
-/// (`resources/list`, which clients ask as they connect); the client gets
-/// the error, and the server's log is no place for it.
-fn is_error_reply(metadata: &tracing::Metadata<'_>) -> bool {
-    let fields = metadata.fields();
-    metadata.target() == "rmcp::service"
-        && *metadata.level() == tracing::Level::WARN
-        && fields.field("id").is_some()
-        && fields.field("error").is_some()
+/// Leaves out, below DEBUG, what rmcp logs of a client's doing rather than
+/// the server's: a warning for each error reply it sends (a method keel does
+/// not serve, such as `resources/list`, which clients ask as they connect,
+/// or a request it cannot read; the client has the error), and an error for
+/// each reply whose HTTP client gave up waiting and closed its connection
+/// (the call was interrupted; the metrics count it).
+struct ClientsDoing<F> {
+    format: F,
+    verbose: bool,
+}
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for ClientsDoing<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'a> tracing_subscriber::fmt::FormatFields<'a> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        cx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        if !self.verbose && event.metadata().target() == "rmcp::service" && is_a_clients_doing(event) {
+            return Ok(());
+        }
+        self.format.format_event(cx, writer, event)
+    }
+}
+
+/// Whether rmcp's `event` tells of a client's doing (see [`ClientsDoing`]).
+fn is_a_clients_doing(event: &tracing::Event<'_>) -> bool {
+    #[derive(Default)]
+    struct Said {
+        message: String,
+        error: String,
+    }
+    impl tracing::field::Visit for Said {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            use std::fmt::Write as _;
+            let into = match field.name() {
+                "message" => &mut self.message,
+                "error" => &mut self.error,
+                _ => return,
+            };
+            let _ = write!(into, "{value:?}");
+        }
+    }
+    let mut said = Said::default();
+    event.record(&mut said);
+    match said.message.as_str() {
+        "response error" => true,
+        "failed to send pending response during drain" => said.error.contains("channel closed"),
+        _ => false,
+    }
 }
 
 #[cfg(feature = "otlp")]
@@ -177,6 +221,8 @@ mod otlp {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
 
     #[test]
@@ -196,6 +242,50 @@ mod tests {
             assert!(tracing::trace_span!(target: "wasmtime_wasi", "read").is_disabled());
             assert!(tracing::enabled!(tracing::Level::WARN));
         });
+    }
+
+    #[test]
+    fn what_rmcp_logs_of_a_clients_doing_is_left_out_below_debug() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let log = |verbose: bool| {
+            let written = Arc::new(Mutex::new(Vec::new()));
+            let writer = {
+                let written = written.clone();
+                move || Written(written.clone())
+            };
+            let logs = tracing_subscriber::fmt::layer()
+                .with_writer(writer)
+                .with_ansi(false)
+                .event_format(ClientsDoing { format: tracing_subscriber::fmt::format(), verbose })
+                .with_filter(EnvFilter::new("warn"));
+            let subscriber = tracing_subscriber::registry().with(logs);
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::warn!(target: "rmcp::service", id = 3, error = ?"method not found", "response error");
+                tracing::error!(target: "rmcp::service", error = %"channel closed", "failed to send pending response during drain");
+                tracing::error!(target: "rmcp::service", error = %"Broken pipe", "fail to response message");
+                tracing::warn!(target: "keel::serve", "response error");
+            });
+            String::from_utf8(written.lock().unwrap().clone()).unwrap()
+        };
+        let quiet = log(false);
+        assert!(!quiet.contains("method not found") && !quiet.contains("channel closed"), "{quiet}");
+        assert!(quiet.contains("fail to response message") && quiet.contains("keel::serve"), "{quiet}");
+        let verbose = log(true);
+        assert!(verbose.contains("method not found") && verbose.contains("channel closed"), "{verbose}");
+    }
+
+    /// A log writer into shared bytes.
+    struct Written(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Written {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
     }
 
     #[cfg(feature = "otlp")]
