@@ -26,9 +26,9 @@ pub struct Recording {
     /// first; `None` keeps every call.
     limit: Option<usize>,
     /// The `seq` of the latest call heard of under each id still kept:
-    /// `calls` is in `seq` order, so a call is found by a binary search,
-    /// where a scan made a batch of 40,000 calls spend seconds finding
-    /// each result's call.
+    /// `calls` is in `seq` order, so a call is found by a binary search.
+    /// A batch's results arrive in its order once every call started, so a
+    /// scan from either end would cross most of a large batch for each.
     seqs: HashMap<String, u64>,
     /// The `seq` the next call heard of gets.
     next_seq: u64,

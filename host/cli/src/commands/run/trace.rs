@@ -23,9 +23,8 @@ const PID: u64 = 1;
 const PLAN_TID: usize = 0;
 
 /// The JSON text of the trace of `recording`, named `process` (`keel run`,
-/// `keel serve`). Each event is written as it is made: a trace of 20,000
-/// calls is 160,000 events, which held as one tree of values took half a
-/// gigabyte.
+/// `keel serve`). Each event is written as it is made, and the trace is
+/// never held as a tree of values: 20,000 calls make 160,000 events.
 pub fn trace(recording: &Recording, process: &str) -> Vec<u8> {
     let layout = Layout::of(recording);
     let slot_tid = |slot: usize| slot + 1;
@@ -225,9 +224,9 @@ const SERVE_TRACE_INTERVAL: std::time::Duration = std::time::Duration::from_mill
 /// `keel serve --trace FILE`: the calls served so far (the last
 /// [`SERVE_TRACE_CALLS`]), written again after each call finishes, at most
 /// once per [`SERVE_TRACE_INTERVAL`] and nine times as long as the last
-/// write took. The writing happens on a thread of
-/// its own, off every call's path; calls that finish while it writes or
-/// waits are in its next write.
+/// write took ([`pause_after`]). The writing happens on a thread of its
+/// own, off every call's path; calls that finish while it writes or waits
+/// are in its next write.
 pub struct TraceFile {
     shared: Arc<Shared>,
     finished: mpsc::Sender<()>,
