@@ -256,10 +256,6 @@ impl Registries {
     }
 }
 
-/// The reference of `oci://…`, which must name its registry and a tag or
-/// a digest: left out, a registry would be Docker Hub's and a tag `latest`,
-/// as a container tool takes them, and `oci://registry/grep:1` would pull a
-/// stranger's image from Docker Hub rather than fail.
 /// The one WebAssembly layer of the manifest `raw`, or why it is not a
 /// component artifact.
 fn wasm_layer(raw: &[u8]) -> Result<OciDescriptor, String> {
@@ -289,6 +285,10 @@ fn wasm_layer(raw: &[u8]) -> Result<OciDescriptor, String> {
     }
 }
 
+/// The reference of `oci://…`, which must name its registry and a tag or
+/// a digest: left out, a registry would be Docker Hub's and a tag `latest`,
+/// as a container tool takes them, and `oci://registry/grep:1` would pull a
+/// stranger's image from Docker Hub rather than fail.
 fn parse(reference: &str) -> Result<Reference, String> {
     let rest =
         reference.strip_prefix(SCHEME).ok_or_else(|| format!("a plugin reference starts with {SCHEME}"))?;
