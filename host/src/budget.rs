@@ -5,7 +5,7 @@
 //! |---|---|---|
 //! | per tool | `min(max-result-size, 50,000)` chars | the result is persisted and previewed |
 //! | per result, absolute | 400,000 bytes | the same, for any tool whose own max is larger |
-//! | per message | 200,000 chars over all results of one message | the largest results are persisted one at a time until it fits |
+//! | per message | 200,000 chars over all results of one message | the largest results are persisted until it fits |
 //!
 //! **Units.** A *char* is a Unicode scalar value (`str::chars`), what the
 //! per-tool and per-message limits count. The absolute cap, that of the
@@ -48,6 +48,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 
 pub use self::persist::{
@@ -91,6 +92,10 @@ pub const IMAGE_PIXELS_PER_TOKEN: u64 = 750;
 
 /// Why an image persisted by the per-message tier was left out.
 const OVER_BUDGET: &str = "the result is over its budget";
+
+/// How many results the per-message tier writes at once. Each write is
+/// synced, and syncs side by side share the disk's flushes.
+const PARALLEL_WRITES: usize = 8;
 
 /// What an image of `info`'s size counts for in the budgets, in chars: the
 /// tokens a model spends on it, at [`BYTES_PER_TOKEN`] chars each, as text is
@@ -536,23 +541,41 @@ impl Budget {
             })
             .collect();
         candidates.sort_by_key(|&index| (std::cmp::Reverse(sizes[index]), index));
-        for index in candidates {
-            if total <= self.per_message_chars {
-                break;
+        let mut next = 0;
+        while total > self.per_message_chars && next < candidates.len() {
+            // The results to persist are chosen as if every write succeeds
+            // (a replacement's size is known before it is written), then
+            // written side by side. A write that fails leaves a replacement
+            // of another size, so the choice goes on from the actual total.
+            let mut projected = total;
+            let mut chosen = Vec::new();
+            while projected > self.per_message_chars && next < candidates.len() {
+                let index = candidates[next];
+                next += 1;
+                let result = &results[index];
+                // What a replacement would not shorten stays: persisting it
+                // cannot bring the message nearer its limit.
+                let replacement = self.replacement_chars(&result.tool_use_id, &result.content);
+                if replacement < sizes[index] {
+                    projected = projected - sizes[index] + replacement;
+                    chosen.push(index);
+                }
             }
-            let result = &mut results[index];
-            // What a replacement would not shorten stays: persisting it
-            // cannot bring the message nearer its limit.
-            if self.replacement_chars(&result.tool_use_id, &result.content) >= sizes[index] {
-                continue;
+            let writes = chosen.into_iter().map(|index| {
+                let result = &mut results[index];
+                let (id, content) = (result.tool_use_id.clone(), std::mem::take(&mut result.content));
+                let is_error = result.is_error;
+                async move { (index, self.persist_content(&id, content, is_error).await) }
+            });
+            let written: Vec<_> =
+                futures::stream::iter(writes).buffer_unordered(PARALLEL_WRITES).collect().await;
+            for (index, (content, is_error)) in written {
+                let result = &mut results[index];
+                (result.content, result.is_error, result.structured) = (content, is_error, None);
+                let size = content_chars(&result.content);
+                total = total - sizes[index] + size;
+                sizes[index] = size;
             }
-            let content = std::mem::take(&mut result.content);
-            (result.content, result.is_error) =
-                Box::pin(self.persist_content(&result.tool_use_id, content, result.is_error)).await;
-            result.structured = None;
-            let size = content_chars(&result.content);
-            total = total - sizes[index] + size;
-            sizes[index] = size;
         }
         for index in undecided {
             let result = &results[index];
@@ -927,6 +950,61 @@ mod tests {
             Some(&Decision::Replaced { content: message[2].content.text().into_owned(), is_error: false })
         );
         assert_eq!(ledger.get("r0"), Some(&Decision::Kept));
+    }
+
+    /// A store that counts how many writes are under way at once; its first
+    /// write waits (up to two seconds) for a second to begin.
+    #[derive(Default)]
+    struct Overlapping {
+        inside: std::sync::atomic::AtomicUsize,
+        most: std::sync::atomic::AtomicUsize,
+        waited: std::sync::atomic::AtomicBool,
+    }
+
+    impl ResultStore for Overlapping {
+        fn write(&self, _: &str, _: &[u8]) -> io::Result<()> {
+            let now = self.inside.fetch_add(1, Ordering::SeqCst) + 1;
+            self.most.fetch_max(now, Ordering::SeqCst);
+            if !self.waited.swap(true, Ordering::SeqCst) {
+                for _ in 0..200 {
+                    if self.most.load(Ordering::SeqCst) > 1 {
+                        break;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(10));
+                }
+            }
+            self.inside.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_message_writes_the_results_it_persists_side_by_side() {
+        let store = Arc::new(Overlapping::default());
+        let budget = Budget::with_store(&BudgetConfig::default(), store.clone());
+        let mut message = results(&[100_000; 10]);
+        budget.per_message(&mut message, &[Threshold::default(); 10], &mut Ledger::new()).await;
+        // Nine replacements bring 1,000,000 chars under 200,000; eight do not.
+        assert_eq!(replaced_ids(&message), ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8"]);
+        assert!(store.most.load(Ordering::SeqCst) > 1, "the writes ran one after another");
+    }
+
+    #[tokio::test]
+    async fn a_message_whose_writes_fail_keeps_every_result_and_its_order() {
+        let store = Arc::new(Memory { fail_with: Some(28), ..Memory::default() });
+        let budget = Budget::with_store(&BudgetConfig::default(), store);
+        let mut message = results(&[100_000; 10]);
+        let mut ledger = Ledger::new();
+        budget.per_message(&mut message, &[Threshold::default(); 10], &mut ledger).await;
+        let ids: Vec<_> = message.iter().map(|r| r.tool_use_id.as_str()).collect();
+        assert_eq!(ids, ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8", "r9"]);
+        assert_eq!(replaced_ids(&message), ["r0", "r1", "r2", "r3", "r4", "r5", "r6", "r7", "r8"]);
+        for result in &message[..9] {
+            assert!(result.is_error);
+            assert!(result.content.text().starts_with(PERSIST_FAILED_PREFIX), "{}", result.content);
+        }
+        assert!(total(&message) <= 200_000, "{}", total(&message));
+        assert_eq!(ledger.iter().count(), 10);
     }
 
     #[tokio::test]
