@@ -55,12 +55,13 @@ pub struct Limits {
     /// A model's whole turn is a few hundred kilobytes at most, so 4 MiB
     /// passes any real input and refuses a 50 MB blob before a parser sees it.
     pub input: usize,
-    /// HTTP requests one call may make. A tool fetching a page, or paging
-    /// through an API, makes a handful; 100 stops a guest looping on
-    /// requests long before it becomes a flood.
+    /// HTTP requests one call may make, refused ones counted too. A tool
+    /// fetching a page, or paging through an API, makes a handful; 100
+    /// stops a guest looping on requests long before it becomes a flood.
     pub network_requests: usize,
-    /// Bytes of request bodies one call may send, all requests together.
-    /// 16 MiB uploads a real file; it stops a guest pumping data out.
+    /// Bytes one call may send, all requests together: their bodies, and
+    /// each one's URL and headers as the guest wrote them. 16 MiB uploads a
+    /// real file; it stops a guest pumping data out, through a body or a head.
     pub network_sent: usize,
     /// Bytes of response bodies one call may receive, all requests
     /// together. 64 MiB is a large download, and far beyond any result a

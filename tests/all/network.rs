@@ -269,6 +269,79 @@ fn a_request_body_past_the_upload_cap_fails_naming_the_limit() {
 }
 
 #[test]
+fn a_requests_url_and_headers_count_against_the_upload_cap() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], "[limits]\nnetwork_sent_mib = 1\n"));
+    // No body at all: 50 KB a request in a header and 10 KB in the URL.
+    let request = json!({
+        "method": "GET",
+        "url": server.url(&format!("/hello?pad={}", "u".repeat(10_000))),
+        "headers": [["x-pad", "h".repeat(50_000)]],
+    });
+    let (entries, _, _) = call(&host, json!({ "requests": vec![request; 20] }));
+    let sent = entries.iter().take_while(|entry| status(entry) == Some(200)).count();
+    assert_eq!(sent, 17, "17 heads of 60 KB fit in 1 MiB, the 18th does not: {entries:?}");
+    for entry in &entries[sent..] {
+        assert!(error(entry).contains("network upload limit (network_sent_mib) of 1 MiB reached"), "{entry}");
+    }
+    assert_eq!(server.requests().len(), 17);
+}
+
+#[test]
+fn a_path_that_is_only_a_query_goes_out_as_slash_and_query() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], ""));
+    let (entries, _, _) = call(
+        &host,
+        json!({ "requests": [{ "method": "GET", "url": origin(&server), "path": "?a=b" }, get(&server.url("/hello"))] }),
+    );
+    assert_eq!(status(&entries[0]), Some(404), "{}", entries[0]);
+    assert_eq!(status(&entries[1]), Some(200), "the connection still serves: {}", entries[1]);
+    assert_eq!(server.requests()[0].path, "/?a=b");
+
+    // Over HTTP/2 too, where the path is the `:path` pseudo-header.
+    let server = TestServer::start_tls();
+    let origin = format!("https://127.0.0.1:{}", server.port());
+    let host = self::host(workspace.path(), &(test_ca_trusted() + &grant(std::slice::from_ref(&origin), "")));
+    let (entries, _, _) =
+        call(&host, json!({ "requests": [{ "method": "GET", "url": origin, "path": "?a=b" }] }));
+    assert_eq!(status(&entries[0]), Some(404), "{}", entries[0]);
+    assert_eq!(server.requests()[0].path, "/?a=b");
+}
+
+#[test]
+fn a_secret_echoed_in_a_trailer_is_masked_and_trailers_arrive_after_a_body() {
+    let workspace = tempfile::tempdir().unwrap();
+    for server in [TestServer::start(), TestServer::start_tls()] {
+        let origin = server.url("").trim_end_matches('/').to_string();
+        let config = test_ca_trusted()
+            + &grant(
+                std::slice::from_ref(&origin),
+                &format!(
+                    "[plugins.net.secrets]\n{origin:?} = {{ header = \"Authorization\", value = \"Bearer ${{NET_TOKEN}}\" }}\n"
+                ),
+            );
+        let host = host(workspace.path(), &config);
+        let te = json!([["te", "trailers"], ["x-probe", "abc"]]);
+        let (entries, _, _) = call(
+            &host,
+            json!({ "requests": [
+                { "method": "GET", "url": server.url("/trailer?name=authorization"), "headers": te },
+                { "method": "GET", "url": server.url("/trailer?name=x-probe&body=some%20text"), "headers": te },
+            ]}),
+        );
+        assert!(!format!("{entries:?}").contains(TOKEN), "the echoed secret is masked: {entries:?}");
+        let trailer = |entry: &Value| entry["trailers"][0].clone();
+        assert_eq!(trailer(&entries[0])[0], "x-echo", "{}", entries[0]);
+        assert!(trailer(&entries[0])[1].as_str().unwrap().starts_with("*******"), "{}", entries[0]);
+        assert_eq!(entries[1]["body"], "some text");
+        assert_eq!(trailer(&entries[1]), json!(["x-echo", "abc"]), "kept after a body: {}", entries[1]);
+    }
+}
+
+#[test]
 fn a_server_that_never_answers_ends_inside_the_limits() {
     let workspace = tempfile::tempdir().unwrap();
     let server = TestServer::start();
@@ -297,7 +370,7 @@ fn requests_and_connections_past_their_caps_are_refused_naming_the_limit() {
     let server = TestServer::start();
     let host = host(workspace.path(), &grant(&[origin(&server)], "[limits]\nnetwork_requests = 3\n"));
     let hello = get(&server.url("/hello"));
-    let (entries, _, events) = call(&host, json!({ "requests": vec![hello; 5] }));
+    let (entries, _, events) = call(&host, json!({ "requests": vec![hello; 8] }));
     assert!(entries[..3].iter().all(|entry| status(entry) == Some(200)), "{entries:?}");
     for entry in &entries[3..] {
         assert!(
@@ -305,8 +378,17 @@ fn requests_and_connections_past_their_caps_are_refused_naming_the_limit() {
             "{entry}"
         );
     }
-    assert_eq!(refusals(&events).len(), 2);
+    // Past the cap the refusals are reported once, not once a request.
+    assert_eq!(refusals(&events).len(), 1);
     assert_eq!(server.requests().len(), 3);
+
+    // Refused requests count too: a guest looping on a host it may not
+    // reach is stopped by the cap, and reports no more than it allows.
+    let refused = get("http://169.254.169.254/");
+    let (entries, _, events) = call(&host, json!({ "requests": vec![refused; 50] }));
+    assert!(entries[..3].iter().all(|entry| error(entry).contains("is not granted")), "{entries:?}");
+    assert!(entries[3..].iter().all(|entry| error(entry).contains("(network_requests) of 3")), "{entries:?}");
+    assert_eq!(refusals(&events).len(), 4, "three refused by the grant, then the cap once");
 
     let limits = "[limits]\nnetwork_connections = 2\nnetwork_response_ms = 300\n";
     let host = self::host(workspace.path(), &grant(&[origin(&server)], limits));

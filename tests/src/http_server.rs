@@ -30,6 +30,11 @@
 //! - `/echo-header?name=X`: 200 with the value of request header `X` as the
 //!   body and as the response header `x-echo` (several values joined by
 //!   `, `); an empty body and no `x-echo` when the request has no `X`.
+//! - `/trailer?name=X&body=TEXT`: 200, chunked, the body `TEXT` (empty when
+//!   not given) and then the trailer `x-echo` with the value of request
+//!   header `X` (several joined by `, `; none when the request has no `X`).
+//!   Over HTTP/1.1 a server sends trailers only to a request with
+//!   `TE: trailers`.
 //! - `/redirect?to=URL`: 302 with `Location: URL`.
 //! - `/bytes?n=N`: 200, `Content-Length: N`, N bytes of `a` sent in chunks of
 //!   [`CHUNK`].
@@ -394,6 +399,25 @@ async fn respond(
                 response
             }
         },
+        "/trailer" => match query_value(query, "name") {
+            None => bad_request("give the header to echo as ?name=X"),
+            Some(name) => {
+                let values: Vec<&[u8]> =
+                    parts.headers.get_all(name.as_str()).iter().map(HeaderValue::as_bytes).collect();
+                let mut trailers = hyper::HeaderMap::new();
+                if !values.is_empty() {
+                    let echoed = HeaderValue::from_bytes(&values.join(&b", "[..]))
+                        .expect("joined header values are a header value");
+                    trailers.insert("x-echo", echoed);
+                }
+                let data = Bytes::from(query_value(query, "body").unwrap_or_default());
+                let mut response =
+                    Response::new(Body::Trailed { data: Some(data), trailers: Some(trailers) });
+                response.headers_mut().insert(CONTENT_TYPE, HeaderValue::from_static("text/plain"));
+                response.headers_mut().insert(hyper::header::TRAILER, HeaderValue::from_static("x-echo"));
+                response
+            }
+        },
         "/redirect" => match query_value(query, "to").map(HeaderValue::try_from) {
             Some(Ok(location)) => {
                 let mut response = text(StatusCode::FOUND, "text/plain", "");
@@ -458,6 +482,8 @@ enum Body {
     /// `first`, then nothing until `sleep` ends, then the end: short of the
     /// declared length, so the connection is closed.
     Stall { first: Option<Bytes>, sleep: Pin<Box<Sleep>> },
+    /// `data`, of no declared length, then `trailers`.
+    Trailed { data: Option<Bytes>, trailers: Option<hyper::HeaderMap> },
 }
 
 impl hyper::body::Body for Body {
@@ -469,6 +495,13 @@ impl hyper::body::Body for Body {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
         let frame = match self.get_mut() {
+            Body::Trailed { data, trailers } => {
+                let frame = match data.take() {
+                    Some(data) => Some(Frame::data(data)),
+                    None => trailers.take().map(Frame::trailers),
+                };
+                return Poll::Ready(frame.map(Ok));
+            }
             Body::Full(bytes) => bytes.take(),
             Body::Repeat { remaining: 0 } => None,
             Body::Repeat { remaining } => {
@@ -492,6 +525,7 @@ impl hyper::body::Body for Body {
             Body::Full(bytes) => SizeHint::with_exact(bytes.as_ref().map_or(0, |bytes| bytes.len() as u64)),
             Body::Repeat { remaining } => SizeHint::with_exact(*remaining),
             Body::Stall { .. } => SizeHint::with_exact(STALL_DECLARED),
+            Body::Trailed { .. } => SizeHint::default(),
         }
     }
 
@@ -500,6 +534,7 @@ impl hyper::body::Body for Body {
             Body::Full(bytes) => bytes.is_none(),
             Body::Repeat { remaining } => *remaining == 0,
             Body::Stall { .. } => false,
+            Body::Trailed { data, trailers } => data.is_none() && trailers.is_none(),
         }
     }
 }

@@ -12,9 +12,10 @@
 //! Mozilla roots, and HTTP/1.1 or HTTP/2 as ALPN decides. A connection stays
 //! open for the call's later requests to the same origin (see
 //! [`Connection`]). The secrets of the request's origin are added as it
-//! leaves; their values are masked in everything that comes back. Bodies
-//! both ways count against the call's byte caps, and every wait is cut to
-//! the call's deadline.
+//! leaves; their values are masked in everything that comes back, trailers
+//! included. Bodies both ways count against the call's byte caps, as does
+//! each request's head the guest wrote, and every wait is cut to the call's
+//! deadline. Every request counts against the request cap, refused or not.
 //!
 //! A refusal reaches the guest as `error-code.internal-error` with the
 //! reason, and is reported to the call's refusal sink and the host's log.
@@ -198,11 +199,12 @@ impl Sender {
     fn send(&mut self, mut request: Request<Counted<WasiBody>>) -> ResponseFuture {
         match self {
             Sender::Http1(sender) => {
-                // The request line carries the path; the authority went in Host.
-                *request.uri_mut() = request.uri().path_and_query().map_or_else(
-                    || http::Uri::from_static("/"),
-                    |path| path.as_str().parse().expect("a valid path"),
-                );
+                // The request line carries the path (made absolute by
+                // `with_absolute_path`); the authority went in Host.
+                *request.uri_mut() = request
+                    .uri()
+                    .path_and_query()
+                    .map_or_else(|| http::Uri::from_static("/"), |path| http::Uri::from(path.clone()));
                 Box::pin(sender.send_request(request))
             }
             Sender::Http2(sender) => {
@@ -285,17 +287,27 @@ impl Egress {
         Scrubber::new(&self.grant)
     }
 
-    /// Check `request` and count it against the request cap; on refusal,
+    /// Check `request`, the `attempt`-th the sandbox sent (from 0), against
+    /// the request cap, whether the network is open, the policy, and the
+    /// bytes-sent cap, which its URL and headers count against; on refusal,
     /// the reason.
-    fn admit(&self, request: &Request<WasiBody>) -> Result<Target, String> {
+    fn admit(&self, request: &Request<WasiBody>, attempt: usize) -> Result<Target, String> {
+        if attempt >= self.limits.network_requests {
+            return Err(limit_hit(&self.limits, LimitKind::NetworkRequests));
+        }
         if let Some(reason) = self.closed {
             return Err(reason.to_owned());
         }
         let (target, rule) = check(&self.grant, request)?;
         tracing::trace!(plugin = &*self.plugin, %rule, "network request admitted");
-        let used = self.usage().requests.fetch_add(1, Ordering::Relaxed);
-        if used >= self.limits.network_requests {
-            return Err(limit_hit(&self.limits, LimitKind::NetworkRequests));
+        let head = head_len(request);
+        let sent = self.usage().sent.fetch_add(head, Ordering::Relaxed) + head;
+        if sent > self.limits.network_sent {
+            return Err(format!(
+                "{} of {} reached",
+                LimitKind::NetworkSent,
+                human_bytes(self.limits.network_sent)
+            ));
         }
         Ok(target)
     }
@@ -382,6 +394,33 @@ fn target_of<B>(request: &Request<B>) -> Result<Target, String> {
     Ok(Target { scheme, host, port })
 }
 
+/// `uri` with a path that begins with `/`: `wasi:http` takes a path and
+/// query such as `?q=1`, which HTTP/1.1's request line and HTTP/2's `:path`
+/// must carry as `/?q=1`.
+fn with_absolute_path(uri: &http::Uri) -> Result<http::Uri, String> {
+    match uri.path_and_query() {
+        Some(path) if !path.as_str().starts_with('/') => {
+            let mut parts = uri.clone().into_parts();
+            parts.path_and_query = Some(
+                format!("/{}", path.as_str())
+                    .parse()
+                    .map_err(|error| format!("the path of {uri} is not valid: {error}"))?,
+            );
+            http::Uri::from_parts(parts).map_err(|error| format!("{uri} is not a valid URL: {error}"))
+        }
+        _ => Ok(uri.clone()),
+    }
+}
+
+/// The bytes of a request's head the guest chose, as they count against
+/// the bytes-sent cap: its method, its URL and each header's name and
+/// value, each with the separators HTTP/1.1 writes around them.
+fn head_len<B>(request: &Request<B>) -> usize {
+    let headers: usize =
+        request.headers().iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
+    request.method().as_str().len() + request.uri().to_string().len() + 12 + headers
+}
+
 impl WasiHttpHooks for Egress {
     fn send_request(
         &mut self,
@@ -391,11 +430,21 @@ impl WasiHttpHooks for Egress {
     ) -> SendFuture {
         let url = request.uri().to_string();
         let method = request.method().clone();
+        // Every request counts, refused or not. Past the cap a guest looping
+        // on requests is refused without a report each, so that it floods
+        // neither the log nor the call's events.
+        let attempt = self.usage().requests.fetch_add(1, Ordering::Relaxed);
+        let reported = attempt <= self.limits.network_requests;
         let refuse = |reason: String| -> SendFuture {
-            report(&self.plugin, self.refused.as_ref(), &method, &url, &reason);
+            if reported {
+                report(&self.plugin, self.refused.as_ref(), &method, &url, &reason);
+            }
             Box::new(async move { Err(refusal_error(reason)) })
         };
-        let target = match self.admit(&request) {
+        let target = match self.admit(&request, attempt).and_then(|target| {
+            *request.uri_mut() = with_absolute_path(request.uri())?;
+            Ok(target)
+        }) {
             Ok(target) => target,
             Err(reason) => return refuse(reason),
         };
@@ -549,13 +598,7 @@ impl Trip {
         let response = tokio::time::timeout(response_limit, response).await;
         let response = self.answered(response, response_limit)?;
         let (mut parts, body) = response.into_parts();
-        if self.scrubber.is_active() {
-            for value in parts.headers.values_mut() {
-                if let Some(masked) = self.scrubber.masked(value.as_bytes()) {
-                    *value = HeaderValue::from_bytes(&masked).expect("masking keeps a header value valid");
-                }
-            }
-        }
+        self.scrubber.mask_headers(&mut parts.headers);
         let stall = self.limits.network_response;
         let received = Received {
             inner: Counted {
@@ -569,6 +612,7 @@ impl Trip {
             timer: None,
             scrub: self.scrubber.stream(),
             ended: false,
+            trailers: None,
             busy: Some(busy),
         };
         // The connection's own task moves the body: nothing more to drive.
@@ -842,6 +886,8 @@ struct Received<B> {
     timer: Option<Pin<Box<tokio::time::Sleep>>>,
     scrub: Option<ScrubStream>,
     ended: bool,
+    /// Trailers that wait for the body's held-back end to go first.
+    trailers: Option<Frame<Bytes>>,
     /// Holds the connection busy until the body has been read to its end
     /// (or dropped).
     busy: Option<Arc<()>>,
@@ -858,9 +904,8 @@ impl<B: Body<Data = Bytes, Error = HttpError> + Unpin> Body for Received<B> {
         let this = &mut *self;
         loop {
             if this.ended {
-                return Poll::Ready(
-                    this.scrub.as_mut().and_then(ScrubStream::finish).map(|rest| Ok(Frame::data(rest))),
-                );
+                let rest = this.scrub.as_mut().and_then(ScrubStream::finish).map(Frame::data);
+                return Poll::Ready(rest.or_else(|| this.trailers.take()).map(Ok));
             }
             match Pin::new(&mut this.inner).poll_frame(cx) {
                 Poll::Ready(frame) => {
@@ -878,12 +923,19 @@ impl<B: Body<Data = Bytes, Error = HttpError> + Unpin> Body for Received<B> {
                             }
                             (None, Ok(data)) => return Poll::Ready(Some(Ok(Frame::data(data)))),
                             (scrub, Err(frame)) => {
-                                // Trailers end the body: what is held back goes first.
-                                if let Some(rest) = scrub.as_mut().and_then(ScrubStream::finish) {
-                                    this.ended = true;
-                                    return Poll::Ready(Some(Ok(Frame::data(rest))));
-                                }
-                                return Poll::Ready(Some(Ok(frame)));
+                                // Trailers end the body, masked as its head
+                                // is: what is held back goes first.
+                                let frame = match (scrub.as_ref(), frame.into_trailers()) {
+                                    (Some(scrub), Ok(mut trailers)) => {
+                                        scrub.scrubber.mask_headers(&mut trailers);
+                                        Frame::trailers(trailers)
+                                    }
+                                    (_, Ok(trailers)) => Frame::trailers(trailers),
+                                    (_, Err(frame)) => frame,
+                                };
+                                this.ended = true;
+                                this.busy = None;
+                                this.trailers = Some(frame);
                             }
                         },
                         Some(Err(error)) => return Poll::Ready(Some(Err(error))),
@@ -955,6 +1007,18 @@ impl Scrubber {
             }
         }
         out
+    }
+
+    /// Every secret in the values of `headers` masked, in place.
+    fn mask_headers(&self, headers: &mut http::HeaderMap) {
+        if !self.is_active() {
+            return;
+        }
+        for value in headers.values_mut() {
+            if let Some(masked) = self.masked(value.as_bytes()) {
+                *value = HeaderValue::from_bytes(&masked).expect("masking keeps a header value valid");
+            }
+        }
     }
 
     /// `text` with every secret masked, in place.

@@ -9,7 +9,8 @@
 //! ```json
 //! {
 //!   "requests": [{ "method": "GET", "url": "http://127.0.0.1:PORT/path?q",
-//!                  "headers": [["name", "value"]], "body": "text" }],
+//!                  "headers": [["name", "value"]], "body": "text",
+//!                  "path": "?q" }],
 //!   "socket": "127.0.0.1:PORT",
 //!   "lookup": "localhost",
 //!   "open_world": true,
@@ -19,7 +20,8 @@
 //! ```
 //!
 //! Every field is optional: `requests` defaults to none, a request's
-//! `method` to `GET`, its `headers` to none and its `body` to empty;
+//! `method` to `GET`, its `headers` to none, its `body` to empty and its
+//! `path` (sent as given, in place of the URL's path and query) to the URL's;
 //! `open_world` (the answer of `is_open_world`) to true. A request's body is
 //! written to the outgoing-body stream in chunks of at most
 //! [`WRITE_CHUNK`] bytes with `blocking-write-and-flush`, then finished.
@@ -34,7 +36,8 @@
 //! One text block holding a JSON array: an entry per request, in order,
 //! `{"status": 200, "headers": [["name", "value"], ...], "body": "<text>"}`
 //! (header values and the body as lossy UTF-8, the whole body read up to
-//! [`MAX_BODY`]) or `{"error": "<message>"}`; then `{"socket": "ok"}` or
+//! [`MAX_BODY`]; with `"trailers": [["name", "value"], ...]` when the
+//! response has any) or `{"error": "<message>"}`; then `{"socket": "ok"}` or
 //! `{"socket": "<error>"}` when `socket` is given (a
 //! [`std::net::TcpStream::connect`]); then `{"lookup": "<addresses>"}` (the
 //! IP addresses `(lookup, 80)` resolves to, joined by `", "`) or
@@ -135,6 +138,10 @@ pub struct Request {
     /// The request body as text. Default: empty.
     #[serde(default)]
     pub body: Option<String>,
+    /// The path and query to send as they are, in place of the URL's: how a
+    /// guest sends a path such as `?q=1`, which `wasi:http` takes.
+    #[serde(default)]
+    pub path: Option<String>,
 }
 
 fn get() -> String {
@@ -143,7 +150,7 @@ fn get() -> String {
 
 impl Request {
     fn get(url: &str) -> Self {
-        Request { method: get(), url: url.to_string(), headers: Vec::new(), body: None }
+        Request { method: get(), url: url.to_string(), headers: Vec::new(), body: None, path: None }
     }
 }
 
@@ -231,21 +238,29 @@ pub fn plain_message(debug: &str) -> &str {
     message.strip_prefix("internal error: ").unwrap_or(message)
 }
 
-/// A response, its body read whole.
+/// A response, its body and trailers read whole.
 struct Response {
     status: u16,
     headers: Vec<(String, String)>,
     body: Vec<u8>,
+    trailers: Vec<(String, String)>,
+}
+
+fn pairs(fields: &[(String, String)]) -> Vec<Value> {
+    fields.iter().map(|(name, value)| json!([name, value])).collect()
 }
 
 impl Response {
     fn to_json(&self) -> Value {
-        let headers: Vec<Value> = self.headers.iter().map(|(name, value)| json!([name, value])).collect();
-        json!({
+        let mut entry = json!({
             "status": self.status,
-            "headers": headers,
+            "headers": pairs(&self.headers),
             "body": String::from_utf8_lossy(&self.body),
-        })
+        });
+        if !self.trailers.is_empty() {
+            entry["trailers"] = Value::Array(pairs(&self.trailers));
+        }
+        entry
     }
 }
 
@@ -266,9 +281,8 @@ fn start(request: &Request) -> Result<FutureIncomingResponse, String> {
     outgoing
         .set_authority(Some(&target.authority))
         .map_err(|()| format!("invalid authority `{}`", target.authority))?;
-    outgoing
-        .set_path_with_query(Some(&target.path_with_query))
-        .map_err(|()| format!("invalid path `{}`", target.path_with_query))?;
+    let path = request.path.as_ref().unwrap_or(&target.path_with_query);
+    outgoing.set_path_with_query(Some(path)).map_err(|()| format!("invalid path `{path}`"))?;
     let body = outgoing.body().map_err(|()| "the request body was already taken".to_string())?;
     let future = outgoing_handler::handle(outgoing, None).map_err(|code| describe(&code))?;
     match send_body(body, request.body.as_deref().unwrap_or_default().as_bytes()) {
@@ -320,10 +334,26 @@ fn read(response: &IncomingResponse) -> Result<Response, String> {
         .map(|(name, value)| (name, String::from_utf8_lossy(&value).into_owned()))
         .collect();
     let body = response.consume().map_err(|()| "the response body was already taken".to_string())?;
-    let bytes = read_body(&body);
-    // The trailers are not awaited: no test sends any.
-    drop(IncomingBody::finish(body));
-    Ok(Response { status, headers, body: bytes? })
+    let bytes = read_body(&body)?;
+    Ok(Response { status, headers, body: bytes, trailers: trailers(body)? })
+}
+
+/// The trailers of a body read to its end.
+fn trailers(body: IncomingBody) -> Result<Vec<(String, String)>, String> {
+    let future = IncomingBody::finish(body);
+    let fields = loop {
+        match future.get() {
+            Some(Ok(Ok(fields))) => break fields,
+            Some(Ok(Err(code))) => return Err(describe(&code)),
+            Some(Err(())) => return Err("the trailers were already taken".to_string()),
+            None => future.subscribe().block(),
+        }
+    };
+    let entries = fields.map(|fields| fields.entries()).unwrap_or_default();
+    Ok(entries
+        .into_iter()
+        .map(|(name, value)| (name, String::from_utf8_lossy(&value).into_owned()))
+        .collect())
 }
 
 fn read_body(body: &IncomingBody) -> Result<Vec<u8>, String> {
@@ -531,11 +561,25 @@ mod tests {
 
     #[test]
     fn a_response_is_an_entry_of_status_headers_and_lossy_body() {
-        let response =
-            Response { status: 200, headers: vec![("x-a".into(), "1".into())], body: b"hi\xff".to_vec() };
+        let response = Response {
+            status: 200,
+            headers: vec![("x-a".into(), "1".into())],
+            body: b"hi\xff".to_vec(),
+            trailers: Vec::new(),
+        };
         assert_eq!(
             entry(Ok(response)),
             json!({ "status": 200, "headers": [["x-a", "1"]], "body": "hi\u{fffd}" })
+        );
+        let response = Response {
+            status: 200,
+            headers: Vec::new(),
+            body: Vec::new(),
+            trailers: vec![("x-t".into(), "2".into())],
+        };
+        assert_eq!(
+            entry(Ok(response)),
+            json!({ "status": 200, "headers": [], "body": "", "trailers": [["x-t", "2"]] })
         );
         assert_eq!(entry(Err("refused".into())), json!({ "error": "refused" }));
     }
