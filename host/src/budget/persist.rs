@@ -77,10 +77,17 @@ impl ResultStore for SessionDir {
 /// other id could name a path outside the folder or clash on a
 /// case-insensitive disk, so it becomes its safe characters (at most 64)
 /// followed by `-` and the first 16 hex digits of its sha256:
-/// `<safe>-<hash>.txt`. Both are deterministic.
+/// `<safe>-<hash>.txt`. A safe id that itself ends in `-` and 16 lowercase
+/// hex digits takes the hashed form too, so no id used as it is can name the
+/// file of another id's hashed form (`ab-c14cddc033f64b9d` and `a/b` would
+/// both be `ab-c14cddc033f64b9d.txt`). Both forms are deterministic.
 pub fn file_name(tool_use_id: &str) -> String {
     let safe = |c: char| c.is_ascii_alphanumeric() || c == '_' || c == '-';
-    if !tool_use_id.is_empty() && tool_use_id.len() <= 128 && tool_use_id.chars().all(safe) {
+    if !tool_use_id.is_empty()
+        && tool_use_id.len() <= 128
+        && tool_use_id.chars().all(safe)
+        && !ends_like_a_hash(tool_use_id)
+    {
         return format!("{tool_use_id}.txt");
     }
     let kept: String = tool_use_id.chars().filter(|&c| safe(c)).take(64).collect();
@@ -90,6 +97,14 @@ pub fn file_name(tool_use_id: &str) -> String {
         let _ = write!(hash, "{byte:02x}");
     }
     format!("{kept}-{hash}.txt")
+}
+
+/// Whether `id` ends as a hashed file name's stem does: `-` and 16 lowercase
+/// hex digits.
+fn ends_like_a_hash(id: &str) -> bool {
+    let Some(at) = id.len().checked_sub(17) else { return false };
+    let (dash, hex) = id.as_bytes()[at..].split_at(1);
+    dash == b"-" && hex.iter().all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 /// The start of `content` shown in place of a persisted result, and whether
@@ -340,6 +355,15 @@ mod tests {
         assert_eq!(file_name(""), "-e3b0c44298fc1c14.txt");
         let long = "a".repeat(129);
         assert_eq!(file_name(&long).len(), 64 + 1 + 16 + 4);
+    }
+
+    #[test]
+    fn an_id_shaped_like_a_hashed_name_never_takes_another_ids_file() {
+        assert_eq!(file_name("a/b"), "ab-c14cddc033f64b9d.txt");
+        assert_eq!(file_name("ab-c14cddc033f64b9d"), "ab-c14cddc033f64b9d-02cfc734c6bb060a.txt");
+        assert_eq!(file_name("ab-C14CDDC033F64B9D"), "ab-C14CDDC033F64B9D.txt", "only lowercase is a hash's");
+        assert_eq!(file_name("ab-c14cddc033f64b9"), "ab-c14cddc033f64b9.txt", "15 digits are no hash");
+        assert_eq!(file_name("c14cddc033f64b9d"), "c14cddc033f64b9d.txt", "no dash, no hash");
     }
 
     #[test]
