@@ -71,7 +71,9 @@ pub struct Config {
 pub struct CacheConfig {
     /// The most the compile cache may take, in MiB: at each start, on a
     /// thread of its own, the entries least recently seen are removed until
-    /// it fits. Default: no cap.
+    /// it fits. At least 1: a cap of 0 would empty the cache, shared with
+    /// every other run, at each start. Default: no cap.
+    #[serde(default, deserialize_with = "max_size_mib")]
     pub max_size_mib: Option<u64>,
 }
 
@@ -213,7 +215,20 @@ where
     T: TryFrom<i64>,
 {
     use serde::de::Error as _;
-    /// An integer, as TOML has them: a whole number that fits an `i64`.
+    let value = whole(deserializer)?;
+    if value < MIN {
+        return Err(D::Error::custom(if value == 0 {
+            "a limit of 0 would stop every call: use 1 or more (a limit cannot be turned off)".to_owned()
+        } else {
+            format!("{value} is out of range: use a whole number of {MIN} or more")
+        }));
+    }
+    T::try_from(value).map(Some).map_err(|_| D::Error::custom(format!("{value} is too large")))
+}
+
+/// An integer, as TOML has them: a whole number that fits an `i64`, with an
+/// error that says so where serde would name a Rust type.
+fn whole<'de, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Result<i64, D::Error> {
     struct Whole;
     impl serde::de::Visitor<'_> for Whole {
         type Value = i64;
@@ -227,15 +242,23 @@ where
             i64::try_from(value).map_err(|_| E::custom(format!("{value} is too large")))
         }
     }
-    let value = deserializer.deserialize_i64(Whole)?;
-    if value < MIN {
-        return Err(D::Error::custom(if value == 0 {
-            "a limit of 0 would stop every call: use 1 or more (a limit cannot be turned off)".to_owned()
-        } else {
-            format!("{value} is out of range: use a whole number of {MIN} or more")
-        }));
+    deserializer.deserialize_i64(Whole)
+}
+
+/// `[cache] max_size_mib`: 1 or more. The cap removes entries other runs
+/// use too, so a value that would empty the cache is refused rather than
+/// taken.
+fn max_size_mib<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<u64>, D::Error> {
+    let mib = whole(deserializer)?;
+    match u64::try_from(mib) {
+        Ok(mib) if mib >= 1 => Ok(Some(mib)),
+        _ => Err(serde::de::Error::custom(format!(
+            "`max_size_mib = {mib}` would empty the compile cache, other runs' entries included, at every \
+             start: use 1 or more, or leave the key out for no cap"
+        ))),
     }
-    T::try_from(value).map(Some).map_err(|_| D::Error::custom(format!("{value} is too large")))
 }
 
 /// Registries as an `oci://` reference names them, `host[:port]`: an entry
@@ -329,6 +352,29 @@ mod tests {
         let limits = Config::parse(text, Path::new("keel.toml")).unwrap().limits.apply(Limits::default());
         assert_eq!((limits.network_requests, limits.network_connections), (0, 0));
         assert_eq!(limits.input, usize::MAX, "a size too large for its unit is as large as can be, not 0");
+    }
+
+    #[test]
+    fn a_cache_cap_is_at_least_1_mib() {
+        let reason = |text: &str| Config::parse(text, Path::new("conf/keel.toml")).unwrap_err().to_string();
+        assert_eq!(
+            reason("[cache]\nmax_size_mib = 0\n"),
+            "invalid config conf/keel.toml: `max_size_mib = 0` would empty the compile cache, other runs' \
+             entries included, at every start: use 1 or more, or leave the key out for no cap (line 2, column 16)"
+        );
+        assert_eq!(
+            reason("[cache]\nmax_size_mib = -5\n"),
+            "invalid config conf/keel.toml: `max_size_mib = -5` would empty the compile cache, other runs' \
+             entries included, at every start: use 1 or more, or leave the key out for no cap (line 2, column 16)"
+        );
+        assert_eq!(
+            reason("[cache]\nmax_size_mib = 0.5\n"),
+            "invalid config conf/keel.toml: invalid type: floating point `0.5`, expected a whole number \
+             (line 2, column 16)"
+        );
+        let config = Config::parse("[cache]\nmax_size_mib = 1\n", Path::new("keel.toml")).unwrap();
+        assert_eq!(config.cache.max_size_mib, Some(1));
+        assert_eq!(Config::parse("[cache]\n", Path::new("keel.toml")).unwrap().cache.max_size_mib, None);
     }
 
     #[test]
