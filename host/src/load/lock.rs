@@ -66,7 +66,10 @@ pub struct LockedPlugin {
     pub resolved: Option<String>,
     /// The sha256 digest of the component's bytes, in lowercase hex.
     pub sha256: String,
-    /// The contract version the component was built against.
+    /// The contract version the component was built against, for a reader
+    /// of the lock. It is not checked: the version is read from the
+    /// component, whose bytes `sha256` pins, so it cannot change while the
+    /// pin holds.
     pub contract: String,
 }
 
@@ -92,6 +95,25 @@ impl Lock {
                 return Err(invalid(format!(
                     "the sha256 of {} is not 64 lowercase hex digits: {:?}",
                     plugin.name, plugin.sha256
+                )));
+            }
+        }
+        // Two entries of one name or one source would leave the pin that
+        // holds to whichever is found first.
+        let mut names = HashMap::new();
+        let mut sources = HashMap::new();
+        for (index, plugin) in lock.plugins.iter().enumerate() {
+            let twice = if let Some(first) = names.insert(plugin.name.as_str(), index) {
+                Some((format!("the tool {}", plugin.name), first))
+            } else {
+                sources
+                    .insert(plugin.source.as_str(), index)
+                    .map(|first| (format!("the source {}", plugin.source), first))
+            };
+            if let Some((what, first)) = twice {
+                return Err(invalid(format!(
+                    "{what} is pinned twice, by {}; a plugin has one entry (`keel lock` writes the lock afresh)",
+                    entries_at(text, lock.plugins.len(), first, index)
                 )));
             }
         }
@@ -123,6 +145,23 @@ impl Lock {
     /// The entry named `name`.
     pub fn entry(&self, name: &str) -> Option<&LockedPlugin> {
         self.plugins.iter().find(|plugin| plugin.name == name)
+    }
+}
+
+/// The entries `first` and `second` (from 0) of a lock of `count` entries
+/// whose text is `text`, named by the line of their `[[plugin]]` header when
+/// every entry has one, else by their place.
+fn entries_at(text: &str, count: usize, first: usize, second: usize) -> String {
+    let headers: Vec<usize> = text
+        .lines()
+        .enumerate()
+        .filter(|(_, line)| line.split_whitespace().collect::<String>().starts_with("[[plugin]]"))
+        .map(|(at, _)| at + 1)
+        .collect();
+    if headers.len() == count {
+        format!("the [[plugin]] entries at lines {} and {}", headers[first], headers[second])
+    } else {
+        format!("its entries {} and {}", first + 1, second + 1)
     }
 }
 
@@ -341,6 +380,50 @@ mod tests {
         assert_eq!(error, "invalid lock keel.lock: the sha256 of a is not 64 lowercase hex digits: \"xyz\"");
         let error = Lock::parse("version = 1\ngarbage\n", Path::new("keel.lock")).unwrap_err().to_string();
         assert_eq!(error, "invalid lock keel.lock: key with no value, expected `=` (line 2, column 8)");
+    }
+
+    #[test]
+    fn a_plugin_pinned_twice_is_refused_naming_both_entries() {
+        let plugin = |name: &str, source: &str, sha: char| {
+            format!(
+                "[[plugin]]\nname = \"{name}\"\nsource = \"{source}\"\nsha256 = \"{}\"\ncontract = \"0.4.0\"\n",
+                sha.to_string().repeat(64)
+            )
+        };
+        let refusal = |entries: &[String]| {
+            let text = format!("version = 1\n\n{}", entries.join("\n"));
+            Lock::parse(&text, Path::new("/p/keel.lock")).unwrap_err().to_string()
+        };
+        let (a, b, c) = (
+            plugin("grep", "grep.wasm", 'a'),
+            plugin("wc", "wc.wasm", 'b'),
+            plugin("grep", "grep.wasm", 'c'),
+        );
+        let expected = "invalid lock /p/keel.lock: the tool grep is pinned twice, by the [[plugin]] entries at lines \
+                        3 and 15; a plugin has one entry (`keel lock` writes the lock afresh)";
+        assert_eq!(refusal(&[a.clone(), b.clone(), c]), expected);
+        // Whatever the order of the two digests.
+        let c = plugin("grep", "grep.wasm", 'c');
+        assert_eq!(refusal(&[c, b.clone(), a.clone()]), expected);
+        assert_eq!(
+            refusal(&[a.clone(), plugin("grep2", "grep.wasm", 'c')]),
+            "invalid lock /p/keel.lock: the source grep.wasm is pinned twice, by the [[plugin]] entries at \
+             lines 3 and 9; a plugin has one entry (`keel lock` writes the lock afresh)"
+        );
+        let inline = format!(
+            "version = 1\nplugin = [\n  {{ name = \"a\", source = \"a.wasm\", sha256 = \"{0}\", contract = \"0.4.0\" }},\n  \
+             {{ name = \"a\", source = \"b.wasm\", sha256 = \"{0}\", contract = \"0.4.0\" }},\n]\n",
+            "a".repeat(64)
+        );
+        assert_eq!(
+            Lock::parse(&inline, Path::new("keel.lock")).unwrap_err().to_string(),
+            "invalid lock keel.lock: the tool a is pinned twice, by its entries 1 and 2; a plugin has one entry \
+             (`keel lock` writes the lock afresh)"
+        );
+        assert_eq!(
+            Lock::parse(&format!("version = 1\n{a}\n{b}"), Path::new("keel.lock")).unwrap().plugins.len(),
+            2
+        );
     }
 
     #[test]
