@@ -8,11 +8,13 @@
 //! CRLF, whatever the input's line endings were) and whether it ends with a
 //! newline.
 //!
-//! The new content is written to a hidden temporary file beside the old one,
-//! synced, then renamed over it, so a reader sees the old file or the whole
-//! new one, never a part. WASI gives a guest no way to set a file's mode, so
-//! the file has the mode a new file gets: an executable script loses its
-//! executable bit.
+//! The new content is written over the old in the same file, truncated
+//! first, then synced, so the file keeps its mode: WASI gives a guest no way
+//! to set one, and a new file renamed over the old would have the mode a new
+//! file gets (an executable script would lose its executable bit, a private
+//! file would become readable by all). The price is atomicity: a reader
+//! during the write, or a crash, can find the file part-written, as after
+//! `write_file` over an existing file.
 //!
 //! Destructive (the old text is gone), not concurrency-safe (a later call
 //! must see the change), not read-only. Its permission subject is the file,
@@ -20,10 +22,10 @@
 //! `cd`; its context modifier names the file under `files_edited`.
 
 use std::fmt::Write as _;
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, OpenOptions};
 use std::io::{self, Write as _};
 use std::ops::Range;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use keel_guest::{Context, Error, Output, Result, Tool, bail, json};
 use schemars::JsonSchema;
@@ -105,7 +107,7 @@ impl Tool for Edit {
         let path = cx.resolve(name);
         let text = read(&path, name)?;
         let edited = apply(&text, &input.old_string, &input.new_string, input.replace_all, name)?;
-        write_atomically(&path, &edited.text).map_err(|error| Error::io("cannot write", name, &error))?;
+        write_in_place(&path, &edited.text).map_err(|error| Error::io("cannot write", name, &error))?;
         let count = edited.replacements;
         let unit = if count == 1 { "replacement" } else { "replacements" };
         let report = format!("Edited {name}: {count} {unit}\n{}", edited.diff);
@@ -132,7 +134,7 @@ pub struct Edited {
 fn read(path: &Path, name: &str) -> Result<String> {
     let metadata = fs::symlink_metadata(path).map_err(|error| Error::io("cannot edit", name, &error))?;
     if metadata.file_type().is_symlink() {
-        // Renaming over a link would replace the link, not the file it names.
+        // The result names the file changed, so the model edits the file itself.
         bail!("cannot edit {name}: it is a symbolic link; edit the file it points to");
     }
     if metadata.is_dir() {
@@ -361,41 +363,13 @@ fn range(from: usize, count: usize) -> String {
     format!("{first},{count}")
 }
 
-/// Replace the file at `path` with `text` so that readers see the old file
-/// or the whole new one: a hidden temporary file beside it, synced, then
-/// renamed over it. The temporary file is removed when any step fails.
-pub fn write_atomically(path: &Path, text: &str) -> io::Result<()> {
-    let dir = match path.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => Path::new("."),
-    };
-    let name = path.file_name().map(|name| name.to_string_lossy()).unwrap_or_default();
-    let (mut file, temp) = create_temp(dir, &name)?;
-    let written = file.write_all(text.as_bytes()).and_then(|()| file.sync_all());
-    drop(file);
-    let renamed = written.and_then(|()| fs::rename(&temp, path));
-    if renamed.is_err() {
-        let _ = fs::remove_file(&temp);
-    }
-    renamed
-}
-
-/// A new file `.<name>.<n>.edit.tmp` in `dir`, never one that exists.
-fn create_temp(dir: &Path, name: &str) -> io::Result<(File, PathBuf)> {
-    // The clock's nanoseconds make a clash with a file left by a crash
-    // unlikely; `create_new` makes one harmless.
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |elapsed| elapsed.subsec_nanos());
-    for attempt in 0..64u32 {
-        let temp = dir.join(format!(".{name}.{:08x}.edit.tmp", seed.wrapping_add(attempt)));
-        match OpenOptions::new().write(true).create_new(true).open(&temp) {
-            Ok(file) => return Ok((file, temp)),
-            Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
-            Err(error) => return Err(error),
-        }
-    }
-    Err(io::Error::new(io::ErrorKind::AlreadyExists, "no free name for a temporary file"))
+/// Replace the contents of the file at `path` with `text`, in the file
+/// itself so that it keeps its mode (see the crate docs): truncated, written,
+/// then synced.
+pub fn write_in_place(path: &Path, text: &str) -> io::Result<()> {
+    let mut file = OpenOptions::new().write(true).truncate(true).open(path)?;
+    file.write_all(text.as_bytes())?;
+    file.sync_all()
 }
 
 keel_guest::export!(Edit);
@@ -574,6 +548,20 @@ mod tests {
             .map(|entry| entry.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
         assert_eq!(names, ["a.txt"]);
+    }
+
+    #[test]
+    fn keeps_the_files_mode() {
+        use std::os::unix::fs::PermissionsExt as _;
+        for mode in [0o755, 0o600, 0o640] {
+            let (dir, cx) = file("run.sh", "echo old\n");
+            let path = dir.path().join("run.sh");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode)).unwrap();
+            edit(&cx, input("run.sh", "old", "new", false)).unwrap();
+            assert_eq!(std::fs::read_to_string(&path).unwrap(), "echo new\n");
+            let kept = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+            assert_eq!(kept, mode, "{mode:o} became {kept:o}");
+        }
     }
 
     #[test]
