@@ -60,6 +60,32 @@ fn a_loop_in_call_stops_at_the_deadline() {
 }
 
 #[test]
+fn a_spinning_guest_leaves_its_thread_to_timers_and_io_while_it_runs() {
+    let workspace = tempfile::tempdir().unwrap();
+    let limits = Limits { fuel: u64::MAX, deadline: Duration::from_millis(1_000), ..Limits::default() };
+    let host = host(workspace.path(), limits);
+    // One thread, as each of `keel serve --http`'s per-core runtimes has: a
+    // guest spinning on it must still let the runtime's timers (and its
+    // sockets, which the same driver polls) come round between its slices.
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let ticks = runtime.block_on(async {
+        let spinning =
+            tokio::spawn(async move { host.run_batch(&[attack("attack", json!({ "act": "loop" }))]).await });
+        let mut ticks = 0;
+        while !spinning.is_finished() {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+            ticks += 1;
+        }
+        let results = spinning.await.unwrap().results;
+        assert_eq!(results[0], failed("deadline of 1s exceeded"));
+        ticks
+    });
+    // A slice is 10 ms, so a second of spinning leaves room for about a
+    // hundred; a runtime that looks at its timers only every 61 slices, two.
+    assert!(ticks >= 20, "the timer came round {ticks} times in a second of spinning");
+}
+
+#[test]
 fn the_deadline_covers_a_guest_blocked_in_a_host_call() {
     let workspace = tempfile::tempdir().unwrap();
     let host = host(workspace.path(), Limits { deadline: Duration::from_millis(300), ..Limits::default() });
