@@ -410,3 +410,47 @@ fn a_server_out_of_descriptors_says_so_once_a_time_and_serves_again_once_some_ar
     });
     assert!(said, "{}", server.stderr());
 }
+
+/// The CPU time, user and system, process `pid` has used so far.
+fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    // The fields after the command's name, which is in parentheses.
+    let fields: Vec<&str> = stat.rsplit_once(')').unwrap().1.split_whitespace().collect();
+    let ticks: u64 = fields[11].parse::<u64>().unwrap() + fields[12].parse::<u64>().unwrap();
+    // SAFETY: sysconf reads a constant of the system.
+    let per_second = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as u64;
+    Duration::from_millis(ticks * 1000 / per_second)
+}
+
+#[test]
+fn a_half_sent_http2_preface_costs_the_server_nothing_while_it_waits() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &[]);
+    // Openings cut short, more of each than decides nothing, and fewer.
+    let stalled: Vec<TcpStream> = (0..300)
+        .map(|n| {
+            let mut stream = TcpStream::connect(server.addr).unwrap();
+            let sent: &[u8] = if n % 2 == 0 { b"PRI * HTTP/2.0\r\n" } else { b"PR" };
+            stream.write_all(sent).unwrap();
+            stream
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let before = cpu_time(server.id());
+    std::thread::sleep(Duration::from_secs(2));
+    let used = cpu_time(server.id()) - before;
+    assert!(used < Duration::from_millis(200), "300 stalled openings used {used:?} of CPU in 2 s");
+    drop(stalled);
+
+    // An opening sent in pieces is still read as HTTP/2 once it is whole:
+    // the server answers the preface with its SETTINGS frame.
+    let mut pieces = TcpStream::connect(server.addr).unwrap();
+    pieces.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    pieces.write_all(b"P").unwrap();
+    std::thread::sleep(Duration::from_millis(200));
+    pieces.write_all(b"RI * HTTP/2.0\r\n\r\nSM\r\n\r\n").unwrap();
+    pieces.write_all(&[0, 0, 0, 4, 0, 0, 0, 0, 0]).unwrap();
+    let mut frame = [0u8; 9];
+    pieces.read_exact(&mut frame).unwrap();
+    assert_eq!(frame[3], 4, "a SETTINGS frame first: {frame:?}");
+}

@@ -403,21 +403,53 @@ where
 /// What an HTTP/2 client sends first on a connection without TLS.
 const HTTP2_PREFACE: &[u8] = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n";
 
+/// How many bytes of [`HTTP2_PREFACE`] tell an HTTP/2 client: `PRI`, a
+/// method no HTTP/1.1 server accepts, was chosen for the preface so that
+/// its first line could be told apart (RFC 9113 §3.4). The rest is hyper's
+/// to read, under the connection's idle watch.
+const HTTP2_TOLD_BY: usize = 3;
+
 /// Whether the client of `stream` speaks HTTP/2, by the first bytes it sent,
-/// which are left to be read.
+/// which are left to be read. Until enough have come to tell, the task
+/// sleeps until the socket has more to read: a client that stalls midway
+/// costs nothing while it waits.
 async fn is_http2(stream: &tokio::net::TcpStream) -> std::io::Result<bool> {
-    let mut head = [0; HTTP2_PREFACE.len()];
+    let mut head = [0; HTTP2_TOLD_BY];
     loop {
-        let peeked = stream.peek(&mut head).await?;
-        if peeked == 0 || head[..peeked] != HTTP2_PREFACE[..peeked] {
-            return Ok(false);
+        stream.readable().await?;
+        // Peeked within `try_io`, so that a peek that finds too few bytes
+        // clears the readiness it saw, and none that came after it.
+        let peeked = stream.try_io(tokio::io::Interest::READABLE, || {
+            let peeked = peek(stream, &mut head)?;
+            if 0 < peeked && peeked < head.len() && head[..peeked] == HTTP2_PREFACE[..peeked] {
+                return Err(std::io::ErrorKind::WouldBlock.into());
+            }
+            Ok(peeked)
+        });
+        match peeked {
+            Ok(peeked) => return Ok(peeked == head.len() && head[..] == HTTP2_PREFACE[..head.len()]),
+            Err(error) if error.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(error) => return Err(error),
         }
-        if peeked == head.len() {
-            return Ok(true);
-        }
-        // A preface cut short: the rest comes in a moment.
-        tokio::time::sleep(Duration::from_millis(1)).await;
     }
+}
+
+/// The bytes waiting to be read from `stream`, copied into `into` and left
+/// there, without waiting for any.
+fn peek(stream: &tokio::net::TcpStream, into: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::fd::AsRawFd as _;
+    // SAFETY: `recv` writes at most `into.len()` bytes to `into`, which is
+    // borrowed mutably for the call, and reads from a descriptor `stream`
+    // holds open for the call.
+    let peeked = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            into.as_mut_ptr().cast(),
+            into.len(),
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    usize::try_from(peeked).map_err(|_| std::io::Error::last_os_error())
 }
 
 /// The next connection `listener` accepts. A failed accept of one
