@@ -522,6 +522,29 @@ fn a_thousand_requests_written_at_once_are_each_answered_exactly_once() {
 }
 
 #[test]
+fn a_request_reusing_the_id_of_one_in_flight_is_refused_and_the_first_still_answered() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(workspace.path(), &[]);
+    raw.send_all(&[
+        tools_call(7, "sleep", &json!({ "ms": 300 })),
+        tools_call(7, "write_file", &json!({ "file_path": "second.txt", "content": "x" })),
+    ]);
+    let refusal = raw.next();
+    assert_eq!(refusal["id"], 7, "{refusal}");
+    assert_eq!(refusal["error"]["code"], -32600, "{refusal}");
+    let message = refusal["error"]["message"].as_str().unwrap();
+    assert!(message.contains("the id 7 is that of a request not yet answered"), "{message}");
+    let answer = raw.next();
+    assert_eq!(answer["id"], 7, "{answer}");
+    assert_eq!(raw_text(&answer).1, false, "the first request ran: {answer}");
+    assert!(!workspace.path().join("second.txt").exists(), "the refused request never ran");
+    // Once answered, the id is free again.
+    raw.send_all(&[tools_call(7, "echo", &json!({ "text": "third" }))]);
+    assert_eq!(raw_text(&raw.next()), ("third", false));
+    raw.close();
+}
+
+#[test]
 fn a_request_with_bad_params_or_an_unknown_method_gets_the_error_that_says_which() {
     let workspace = tempfile::tempdir().unwrap();
     let mut raw = Raw::start(workspace.path(), &[]);

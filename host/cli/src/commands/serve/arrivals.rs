@@ -12,18 +12,24 @@
 //! ([`eagerly`]); and once a write finds the client's end of the output
 //! closed, it takes no further request: none could be answered.
 //!
+//! And it answers a request that reuses the id of one not yet answered
+//! itself, with an error: rmcp keeps one responder per id, so the two would
+//! share one reply and the client would wait for the other for ever, while
+//! the request ran all the same.
+//!
 //! [`Arrival`]: keel_host::Arrival
 
 use std::borrow::Cow;
+use std::collections::HashSet;
 use std::future::Ready;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
 use futures::future::Either;
 use rmcp::RoleServer;
-use rmcp::model::{ClientRequest, JsonRpcMessage, JsonRpcRequest};
+use rmcp::model::{ClientNotification, ClientRequest, ErrorData, JsonRpcMessage, JsonRpcRequest, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 
@@ -50,6 +56,8 @@ pub struct Arrivals<T> {
     lane: CallLane,
     /// Set once a send found the client's end of the output closed.
     gone: Arc<AtomicBool>,
+    /// The ids of the client's requests not yet answered (nor cancelled).
+    unanswered: Arc<Mutex<HashSet<RequestId>>>,
 }
 
 impl<T> Arrivals<T> {
@@ -57,7 +65,7 @@ impl<T> Arrivals<T> {
     /// into `lane` ([`fast_calls`]), with arrivals in the stream of the pool
     /// `shelf` holds as each is read.
     pub fn new(inner: T, shelf: Shelf, lane: CallLane) -> Self {
-        Arrivals { inner, shelf, lane, gone: Arc::default() }
+        Arrivals { inner, shelf, lane, gone: Arc::default(), unanswered: Arc::default() }
     }
 }
 
@@ -72,20 +80,11 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
-        // A reply nobody can read is dropped, said once here rather than
-        // as an error of each reply still in flight.
-        let noted = |gone: &AtomicBool, sent: Result<(), T::Error>| match sent {
-            Err(error) if is_broken_pipe(&error) => {
-                if !gone.swap(true, Ordering::Relaxed) {
-                    tracing::warn!(
-                        "the client closed its end of the output: replies are dropped, and no request is \
-                         taken after this one"
-                    );
-                }
-                Ok(())
-            }
-            sent => sent,
-        };
+        if let JsonRpcMessage::Response(rmcp::model::JsonRpcResponse { id, .. })
+        | JsonRpcMessage::Error(rmcp::model::JsonRpcError { id: Some(id), .. }) = &item
+        {
+            self.unanswered.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+        }
         if self.gone.load(Ordering::Relaxed) {
             return Either::Left(std::future::ready(Ok(())));
         }
@@ -106,7 +105,28 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
         }
         // Cancel-safe as the inner `receive` is: the arrival is taken only
         // once a whole message was read.
-        let mut message = fast_calls::receive(&mut self.inner, &self.lane).await?;
+        let mut message = loop {
+            let message = fast_calls::receive(&mut self.inner, &self.lane).await?;
+            match &message {
+                JsonRpcMessage::Request(JsonRpcRequest { id, .. }) => {
+                    let fresh =
+                        self.unanswered.lock().unwrap_or_else(PoisonError::into_inner).insert(id.clone());
+                    if !fresh {
+                        self.refuse_reused(id.clone()).await;
+                        continue;
+                    }
+                }
+                JsonRpcMessage::Notification(notification) => {
+                    if let ClientNotification::CancelledNotification(cancelled) = &notification.notification
+                        && let Some(id) = &cancelled.params.request_id
+                    {
+                        self.unanswered.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+                    }
+                }
+                _ => {}
+            }
+            break message;
+        };
         if let JsonRpcMessage::Request(JsonRpcRequest {
             request: ClientRequest::CallToolRequest(call), ..
         }) = &mut message
@@ -120,6 +140,41 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
 
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
         self.inner.close()
+    }
+}
+
+impl<T: Transport<RoleServer>> Arrivals<T> {
+    /// Answer a request that reuses `id`, the id of one not yet answered,
+    /// with an error; the request itself never reaches rmcp.
+    async fn refuse_reused(&mut self, id: RequestId) {
+        let message = format!(
+            "the id {} is that of a request not yet answered; each request in flight needs an id of its own",
+            serde_json::to_string(&id).unwrap_or_default()
+        );
+        let error = JsonRpcMessage::error(ErrorData::invalid_request(message, None), Some(id));
+        if !self.gone.load(Ordering::Relaxed) {
+            let sent = self.inner.send(error).await;
+            if let Err(error) = noted(&self.gone, sent) {
+                tracing::debug!("failed to answer a request that reused an id: {error}");
+            }
+        }
+    }
+}
+
+/// `sent`, with a reply nobody can read dropped: said once here, rather
+/// than as an error of each reply still in flight.
+fn noted<E: std::error::Error + 'static>(gone: &AtomicBool, sent: Result<(), E>) -> Result<(), E> {
+    match sent {
+        Err(error) if is_broken_pipe(&error) => {
+            if !gone.swap(true, Ordering::Relaxed) {
+                tracing::warn!(
+                    "the client closed its end of the output: replies are dropped, and no request is taken \
+                     after this one"
+                );
+            }
+            Ok(())
+        }
+        sent => sent,
     }
 }
 
