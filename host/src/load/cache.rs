@@ -250,3 +250,22 @@ fn entry_of<'a>(by_key: &'a mut BTreeMap<String, CacheEntry>, key: &str) -> &'a 
 fn is_key(text: &str) -> bool {
     text.len() == 64 && text.bytes().all(|byte| matches!(byte, b'0'..=b'9' | b'a'..=b'f'))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_prune_leaves_the_temporary_file_of_a_write_in_progress_which_then_lands_whole() {
+        let dir = tempfile::tempdir().unwrap();
+        let entry = dir.path().join(format!("{}.cwasm", "a".repeat(64)));
+        let staged = crate::fs::Staged::new(&entry, b"compiled code", false).unwrap();
+        let pruned = prune(dir.path(), Duration::ZERO).unwrap();
+        assert_eq!((pruned.files, pruned.bytes), (0, 0));
+        assert_eq!(std::fs::read(staged.temp_path()).unwrap(), b"compiled code");
+        staged.commit().unwrap();
+        let listing = list(dir.path()).unwrap();
+        assert_eq!(listing.entries.iter().map(|entry| entry.code_bytes).collect::<Vec<_>>(), [13]);
+        assert!(listing.strays.is_empty());
+    }
+}
