@@ -338,7 +338,10 @@ impl HostBuilder {
         // Persisted outputs are shown by a path the model can open with
         // `Read`: relative to the workspace when the session lives in it.
         let shown = session_dir.strip_prefix(&workspace).unwrap_or(&session_dir).display().to_string();
-        let budget = Budget::new(&self.config.budget, &session_dir).shown_root(shown);
+        // Tools can change anything in the workspace, so below it no folder
+        // on the way to the results is followed through a link.
+        let store = Arc::new(crate::budget::SessionDir::in_workspace(&workspace, session_dir));
+        let budget = Budget::with_store(&self.config.budget, store).shown_root(shown);
         warnings.extend(budget.check_tools(pool.entries().iter().map(|entry| entry.tool.spec())));
         for warning in &warnings {
             tracing::warn!("{warning}");

@@ -483,3 +483,49 @@ fn a_warm_up_warms_every_tool_again_once_all_are_warm() {
     let log = log.lock().unwrap().clone();
     assert_eq!(log, ["a", "b", "a", "b"], "each tool once, then each again");
 }
+
+/// A tool that renames a link to `.keel` cannot make the host write a later
+/// result where the link points: the result is an error naming the link.
+#[cfg(unix)]
+#[test]
+fn a_link_renamed_to_keel_by_a_tool_never_carries_a_persisted_result_out_of_the_workspace() {
+    let root = tempfile::tempdir().unwrap();
+    let (workspace, outside) = (root.path().join("ws"), root.path().join("outside"));
+    std::fs::create_dir_all(&workspace).unwrap();
+    std::fs::create_dir_all(&outside).unwrap();
+    std::os::unix::fs::symlink(&outside, workspace.join("link")).unwrap();
+    let lines = format!("needle {}\n", "-".repeat(90)).repeat(600);
+    std::fs::write(workspace.join("big.txt"), &lines).unwrap();
+    let host =
+        block_on(crate::host_of(&workspace, &["keel_guest_hostile", "keel_tool_grep"]).build()).unwrap();
+
+    let rename = ToolUse::new(
+        "mv",
+        "hostile",
+        json!({ "act": "rename", "path": "/workspace/link", "to": "/workspace/.keel" }),
+    );
+    let renamed = block_on(host.run_batch(&[rename])).results;
+    assert_eq!(renamed, [ToolResult::ok("mv", "renamed /workspace/link to /workspace/.keel")]);
+    assert!(std::fs::symlink_metadata(workspace.join(".keel")).unwrap().file_type().is_symlink());
+
+    let grep = ToolUse::new("big", "grep", json!({ "pattern": "needle" }));
+    let result = block_on(host.run_batch(&[grep])).results.remove(0);
+    let text = result.content.text();
+    assert!(result.is_error, "{text}");
+    let head = text.lines().next().unwrap();
+    assert_eq!(
+        head,
+        format!(
+            "Failed to save the full output ({0} chars, {0} bytes) to .keel/session/tool-results/big.txt: .keel is \
+             a symbolic link, and results are never written through one. Only this preview is left; run the \
+             tool again with a narrower input.",
+            text_len_of_grep(&lines)
+        )
+    );
+    assert_eq!(std::fs::read_dir(&outside).unwrap().count(), 0, "nothing was written outside the workspace");
+}
+
+/// The length of grep's output over `big.txt` holding `lines`.
+fn text_len_of_grep(lines: &str) -> usize {
+    lines.lines().enumerate().map(|(n, line)| format!("big.txt:{}:{line}\n", n + 1).len()).sum()
+}

@@ -1,13 +1,15 @@
 //! Persisting a result: where the full content goes, how it is written, and
 //! the block the model reads instead.
 
+use std::ffi::OsStr;
 use std::fmt::Write as _;
-use std::io;
-use std::path::PathBuf;
+use std::hash::{BuildHasher as _, Hasher as _, RandomState};
+use std::io::{self, Write as _};
+use std::path::{Component, Path, PathBuf};
 
+use cap_std::ambient_authority;
+use cap_std::fs::{Dir, Metadata, OpenOptions};
 use sha2::{Digest, Sha256};
-
-use crate::fs::Staged;
 
 /// Opens the block that replaces a persisted result (`PERSISTED_OUTPUT_TAG`
 /// in the runtime keel follows).
@@ -39,34 +41,183 @@ pub trait ResultStore: Send + Sync + 'static {
     fn write(&self, file_name: &str, contents: &[u8]) -> io::Result<()>;
 }
 
-/// The `tool-results` folder of a session directory, written atomically.
+/// The `tool-results` folder of a session directory, written atomically and
+/// never through a symbolic link.
+///
+/// The session directory is a trusted base, opened as it is named (symbolic
+/// links and all: the embedder chose it), and the folders below it down to
+/// `tool-results`. Each of those must be a real directory: it is made when
+/// missing and opened without following a link, and the result's file is
+/// made and renamed relative to the open `tool-results`, so no link, nor a
+/// rename of a folder meanwhile, can send a result elsewhere. In the
+/// workspace ([`SessionDir::in_workspace`]) the base is the workspace itself,
+/// as a tool may change anything below it: a tool that renames a link to
+/// `.keel` makes the next persisted result an error naming the link, never a
+/// file written where the link points.
 #[derive(Clone, Debug)]
 pub struct SessionDir {
-    root: PathBuf,
+    /// Opened as it is named.
+    base: PathBuf,
+    /// The folders between `base` and `tool-results`, each opened without
+    /// following a link.
+    below: PathBuf,
 }
 
 impl SessionDir {
-    /// Persist into `root/tool-results/`. The folder is created on the first
-    /// write.
+    /// Persist into `root/tool-results/`. `root` is trusted as it is named
+    /// and made when missing; `tool-results` is made on the first write and
+    /// never followed through a link.
     pub fn new(root: impl Into<PathBuf>) -> Self {
-        SessionDir { root: root.into() }
+        SessionDir { base: root.into(), below: PathBuf::new() }
+    }
+
+    /// Persist into `root/tool-results/`, where `root` may lie below
+    /// `workspace`, whose tools can put links anywhere in it: then only the
+    /// workspace is trusted as it is named, and every folder below it on the
+    /// way to `tool-results` (`.keel`, `session`, …) must be a real
+    /// directory. A `root` outside the workspace is as [`SessionDir::new`].
+    pub fn in_workspace(workspace: &Path, root: impl Into<PathBuf>) -> Self {
+        let root = root.into();
+        match root.strip_prefix(workspace) {
+            Ok(below) if below.components().all(|part| matches!(part, Component::Normal(_))) => {
+                SessionDir { base: workspace.to_path_buf(), below: below.to_path_buf() }
+            }
+            _ => SessionDir::new(root),
+        }
     }
 
     /// The folder persisted results go to.
     pub fn dir(&self) -> PathBuf {
-        self.root.join(TOOL_RESULTS_SUBDIR)
+        self.base.join(&self.below).join(TOOL_RESULTS_SUBDIR)
+    }
+
+    /// `tool-results`, open, each folder on the way made when missing and
+    /// refused when it is not a real directory.
+    fn open(&self) -> io::Result<Dir> {
+        if self.below.as_os_str().is_empty() {
+            std::fs::create_dir_all(&self.base)?;
+        }
+        let mut dir = Dir::open_ambient_dir(&self.base, ambient_authority())?;
+        let mut named = PathBuf::new();
+        for part in self.below.iter().chain([OsStr::new(TOOL_RESULTS_SUBDIR)]) {
+            named.push(part);
+            dir = real_dir(&dir, part, &named)?;
+        }
+        Ok(dir)
     }
 
     /// Write `contents` to a hidden temporary file beside `file_name` and
     /// sync it; nothing exists under `file_name` until [`Staged::commit`].
     fn stage(&self, file_name: &str, contents: &[u8]) -> io::Result<Staged> {
-        Staged::new(&self.dir().join(file_name), contents, true)
+        Staged::new(self.open()?, file_name, contents)
     }
 }
 
 impl ResultStore for SessionDir {
     fn write(&self, file_name: &str, contents: &[u8]) -> io::Result<()> {
         self.stage(file_name, contents)?.commit()
+    }
+}
+
+/// The directory `name` in `parent` (`named` in errors), made when missing:
+/// refused when it is a symbolic link or no directory. It is opened after it
+/// was looked at, and must still be the directory looked at, so a link put in
+/// its place meanwhile is refused too.
+fn real_dir(parent: &Dir, name: &OsStr, named: &Path) -> io::Result<Dir> {
+    match parent.create_dir(name) {
+        Err(error) if error.kind() != io::ErrorKind::AlreadyExists => return Err(error),
+        _ => {}
+    }
+    let seen = parent.symlink_metadata(name)?;
+    if seen.file_type().is_symlink() {
+        return Err(io::Error::other(format!(
+            "{} is a symbolic link, and results are never written through one",
+            named.display()
+        )));
+    }
+    if !seen.is_dir() {
+        return Err(io::Error::new(
+            io::ErrorKind::NotADirectory,
+            format!("{} is not a directory", named.display()),
+        ));
+    }
+    let dir = parent.open_dir(name)?;
+    if !same_file(&seen, &dir.dir_metadata()?) {
+        return Err(io::Error::other(format!(
+            "{} was replaced while it was opened, and results are never written through a link",
+            named.display()
+        )));
+    }
+    Ok(dir)
+}
+
+#[cfg(unix)]
+fn same_file(a: &Metadata, b: &Metadata) -> bool {
+    use cap_std::fs::MetadataExt as _;
+    (a.dev(), a.ino()) == (b.dev(), b.ino())
+}
+
+/// Without inode numbers to compare, the look before the open stands alone;
+/// the open itself stays inside the parent directory.
+#[cfg(not(unix))]
+fn same_file(_: &Metadata, _: &Metadata) -> bool {
+    true
+}
+
+/// Contents written under a hidden temporary name (`.<name>.<random>.tmp`)
+/// in an open directory, synced. Dropped without [`Staged::commit`] (an
+/// error, a panic), the temporary file is removed.
+struct Staged {
+    dir: Dir,
+    temp: String,
+    target: String,
+    committed: bool,
+}
+
+impl Staged {
+    fn new(dir: Dir, target: &str, contents: &[u8]) -> io::Result<Self> {
+        let mut options = OpenOptions::new();
+        // A new name each time, so no file (nor link) already there is
+        // opened; readable by the user alone, as a temporary file is.
+        options.write(true).create_new(true);
+        #[cfg(unix)]
+        cap_std::fs::OpenOptionsExt::mode(&mut options, 0o600);
+        for _ in 0..64 {
+            let temp = format!(".{target}.{:016x}.tmp", RandomState::new().build_hasher().finish());
+            let mut file = match dir.open_with(&temp, &options) {
+                Ok(file) => file,
+                Err(error) if error.kind() == io::ErrorKind::AlreadyExists => continue,
+                Err(error) => return Err(error),
+            };
+            let staged = Staged { dir, temp, target: target.to_owned(), committed: false };
+            file.write_all(contents)?;
+            file.sync_all()?;
+            return Ok(staged);
+        }
+        Err(io::Error::new(io::ErrorKind::AlreadyExists, "no free name for a temporary file"))
+    }
+
+    /// Rename the temporary file to its target in the same directory,
+    /// replacing any file there: a reader sees the old file or the whole new
+    /// one.
+    fn commit(mut self) -> io::Result<()> {
+        self.dir.rename(&self.temp, &self.dir, &self.target)?;
+        self.committed = true;
+        Ok(())
+    }
+
+    /// The name the contents wait under for [`Staged::commit`].
+    #[cfg(test)]
+    fn temp_name(&self) -> &str {
+        &self.temp
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.committed {
+            let _ = self.dir.remove_file(&self.temp);
+        }
     }
 }
 
@@ -389,7 +540,7 @@ mod tests {
         store.write("kept.txt", b"old, whole").unwrap();
 
         let staged = store.stage("a.txt", b"new content").unwrap();
-        let temp = staged.temp_path().file_name().unwrap().to_str().unwrap().to_owned();
+        let temp = staged.temp_name().to_owned();
         assert!(temp.starts_with(".a.txt.") && temp.ends_with(".tmp"), "{temp}");
         assert_eq!(names_in(&store.dir()), [temp.clone(), "kept.txt".to_owned()]);
         assert_eq!(std::fs::read(store.dir().join(&temp)).unwrap(), b"new content", "synced before rename");
@@ -407,7 +558,87 @@ mod tests {
         let root = tempfile::tempdir().unwrap();
         std::fs::write(root.path().join("tool-results"), "a file in the way").unwrap();
         let error = SessionDir::new(root.path()).write("a.txt", b"x").unwrap_err();
-        assert_eq!(error.kind(), io::ErrorKind::AlreadyExists);
+        assert_eq!(error.kind(), io::ErrorKind::NotADirectory);
+        assert_eq!(error.to_string(), "tool-results is not a directory");
         assert_eq!(names_in(root.path()), ["tool-results"]);
+    }
+
+    #[test]
+    fn the_folders_below_the_workspace_are_made_when_missing() {
+        let workspace = tempfile::tempdir().unwrap();
+        let store = SessionDir::in_workspace(workspace.path(), workspace.path().join(".keel/session"));
+        store.write("a.txt", b"whole").unwrap();
+        assert_eq!(
+            std::fs::read(workspace.path().join(".keel/session/tool-results/a.txt")).unwrap(),
+            b"whole"
+        );
+        assert_eq!(store.dir(), workspace.path().join(".keel/session/tool-results"));
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_link_on_the_way_to_the_results_is_refused_and_nothing_is_written_through_it() {
+        use std::os::unix::fs::symlink;
+        for (link, named) in [
+            (".keel", ".keel"),
+            (".keel/session", ".keel/session"),
+            (".keel/session/tool-results", ".keel/session/tool-results"),
+        ] {
+            let workspace = tempfile::tempdir().unwrap();
+            let outside = tempfile::tempdir().unwrap();
+            let ws = workspace.path();
+            std::fs::create_dir_all(ws.join(link).parent().unwrap()).unwrap();
+            symlink(outside.path(), ws.join(link)).unwrap();
+            let store = SessionDir::in_workspace(ws, ws.join(".keel/session"));
+            let error = store.write("a.txt", b"chosen by a tool").unwrap_err();
+            assert_eq!(
+                error.to_string(),
+                format!("{named} is a symbolic link, and results are never written through one")
+            );
+            assert!(names_in(outside.path()).is_empty(), "{link}: nothing written where the link points");
+        }
+        // A link to a folder inside the workspace is refused too: what a
+        // tool can rename, it can rename again.
+        let workspace = tempfile::tempdir().unwrap();
+        let ws = workspace.path();
+        std::fs::create_dir(ws.join("elsewhere")).unwrap();
+        symlink("elsewhere", ws.join(".keel")).unwrap();
+        let error = SessionDir::in_workspace(ws, ws.join(".keel/session")).write("a.txt", b"x").unwrap_err();
+        assert_eq!(error.to_string(), ".keel is a symbolic link, and results are never written through one");
+        assert!(names_in(&ws.join("elsewhere")).is_empty());
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_session_directory_named_by_the_embedder_is_followed_but_not_a_link_below_it() {
+        use std::os::unix::fs::symlink;
+        let place = tempfile::tempdir().unwrap();
+        let real = place.path().join("real");
+        std::fs::create_dir(&real).unwrap();
+        symlink(&real, place.path().join("named")).unwrap();
+        // Outside the workspace, the session directory is the embedder's
+        // choice, taken as it is named.
+        let workspace = tempfile::tempdir().unwrap();
+        let store = SessionDir::in_workspace(workspace.path(), place.path().join("named"));
+        store.write("a.txt", b"kept").unwrap();
+        assert_eq!(std::fs::read(real.join("tool-results/a.txt")).unwrap(), b"kept");
+
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::remove_dir_all(real.join("tool-results")).unwrap();
+        symlink(outside.path(), real.join("tool-results")).unwrap();
+        let error = SessionDir::new(place.path().join("named")).write("a.txt", b"x").unwrap_err();
+        assert_eq!(
+            error.to_string(),
+            "tool-results is a symbolic link, and results are never written through one"
+        );
+        assert!(names_in(outside.path()).is_empty());
+    }
+
+    #[test]
+    fn a_root_that_leaves_the_workspace_by_dots_is_taken_as_named() {
+        let workspace = tempfile::tempdir().unwrap();
+        let store = SessionDir::in_workspace(workspace.path(), workspace.path().join("../x"));
+        assert!(store.below.as_os_str().is_empty());
+        assert_eq!(store.base, workspace.path().join("../x"));
     }
 }
