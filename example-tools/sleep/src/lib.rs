@@ -10,6 +10,10 @@ use serde::Deserialize;
 /// Longest sleep one call may ask for.
 pub const MAX_MS: u64 = 600_000;
 
+/// Most steps one call may ask for: a progress report every 60 ms of the
+/// longest sleep, far more than a person reads.
+pub const MAX_STEPS: u32 = 10_000;
+
 /// Input of `sleep`.
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
@@ -40,10 +44,11 @@ impl Tool for Sleep {
         if input.ms > MAX_MS {
             bail!("`ms` must be at most {MAX_MS}");
         }
-        if input.steps == Some(0) {
-            bail!("`steps` must be at least 1");
+        match input.steps {
+            Some(0) => bail!("`steps` must be at least 1"),
+            Some(steps) if steps > MAX_STEPS => bail!("`steps` must be at most {MAX_STEPS}"),
+            _ => Ok(()),
         }
-        Ok(())
     }
 
     fn activity_description(input: &Input, _cx: &Context) -> Option<String> {
@@ -52,7 +57,7 @@ impl Tool for Sleep {
 
     fn call(input: Input, _cx: &Context) -> Result<Output> {
         let steps = input.steps.unwrap_or(1);
-        for (step, pause) in schedule(input.ms, steps).into_iter().enumerate() {
+        for (step, pause) in schedule(input.ms, steps).enumerate() {
             std::thread::sleep(pause);
             keel_guest::progress(&json!({ "step": step + 1, "steps": steps }));
         }
@@ -61,9 +66,9 @@ impl Tool for Sleep {
 }
 
 /// The pause before each step: `ms` split into `steps` parts that add up.
-pub fn schedule(ms: u64, steps: u32) -> Vec<Duration> {
+pub fn schedule(ms: u64, steps: u32) -> impl Iterator<Item = Duration> {
     let steps = u64::from(steps.max(1));
-    (0..steps).map(|step| Duration::from_millis(ms * (step + 1) / steps - ms * step / steps)).collect()
+    (0..steps).map(move |step| Duration::from_millis(ms * (step + 1) / steps - ms * step / steps))
 }
 
 keel_guest::export!(Sleep);
@@ -74,7 +79,7 @@ mod tests {
 
     #[test]
     fn steps_add_up_to_the_whole_sleep() {
-        let schedule = schedule(100, 3);
+        let schedule: Vec<Duration> = schedule(100, 3).collect();
         assert_eq!(schedule.len(), 3);
         assert_eq!(schedule.iter().sum::<Duration>(), Duration::from_millis(100));
     }
@@ -93,5 +98,9 @@ mod tests {
         let error = Sleep::validate_input(&Input { ms: MAX_MS + 1, steps: None }, &Context::workspace_root())
             .unwrap_err();
         assert_eq!(error.message(), "`ms` must be at most 600000");
+        let error =
+            Sleep::validate_input(&Input { ms: 1, steps: Some(u32::MAX) }, &Context::workspace_root())
+                .unwrap_err();
+        assert_eq!(error.message(), "`steps` must be at most 10000");
     }
 }
