@@ -454,3 +454,39 @@ fn a_half_sent_http2_preface_costs_the_server_nothing_while_it_waits() {
     pieces.read_exact(&mut frame).unwrap();
     assert_eq!(frame[3], 4, "a SETTINGS frame first: {frame:?}");
 }
+
+/// A `GET` of `path` over HTTP/2 (with prior knowledge) naming `authority`,
+/// as a proxy in front sends it: its status and body.
+fn http2_get(addr: std::net::SocketAddr, authority: &str, path: &str) -> (u16, String) {
+    use http_body_util::{BodyExt as _, Empty};
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let uri = format!("http://{authority}{path}");
+    runtime.block_on(async move {
+        let stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let (mut send, connection) = hyper::client::conn::http2::handshake(
+            hyper_util::rt::TokioExecutor::new(),
+            hyper_util::rt::TokioIo::new(stream),
+        )
+        .await
+        .unwrap();
+        tokio::spawn(connection);
+        let request = hyper::Request::get(uri).body(Empty::<bytes::Bytes>::new()).unwrap();
+        let response =
+            tokio::time::timeout(Duration::from_secs(10), send.send_request(request)).await.unwrap().unwrap();
+        let status = response.status().as_u16();
+        let body = response.into_body().collect().await.unwrap().to_bytes();
+        (status, String::from_utf8_lossy(&body).into_owned())
+    })
+}
+
+#[test]
+fn metrics_over_http2_are_served_to_an_allowed_authority_only() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &[]);
+    let local = format!("127.0.0.1:{}", server.addr.port());
+    let (status, body) = http2_get(server.addr, &local, "/metrics");
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("keel_plugins_loaded"), "{body}");
+    let (status, body) = http2_get(server.addr, "evil.example", "/metrics");
+    assert_eq!(status, 403, "{body}");
+}

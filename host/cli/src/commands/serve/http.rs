@@ -603,7 +603,7 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
 /// `Host` is one of `hosts` (rmcp checks the same names for `/mcp`), then
 /// the metrics to a `GET` (or `HEAD`), `405` to any other method.
 fn metrics_response<B>(endpoint: &Endpoint, hosts: &[String], request: &Request<B>) -> Response<Body> {
-    if !host_allowed(request.headers(), hosts) {
+    if !host_allowed(request, hosts) {
         return plain(StatusCode::FORBIDDEN, "forbidden: the Host header names no allowed host\n");
     }
     if request.method() != hyper::Method::GET && request.method() != hyper::Method::HEAD {
@@ -769,19 +769,22 @@ fn bearer(value: Option<&header::HeaderValue>, token: &[u8]) -> Bearer {
     if bool::from(given.ct_eq(token)) { Bearer::Right } else { Bearer::Wrong }
 }
 
-/// Whether the `Host` header names one of `hosts` (a name alone allows it
-/// on any port, `name:port` on that port only), as rmcp checks it for
-/// `/mcp`: a page that rebinds a name of its own to a loopback address
-/// reads nothing.
-fn host_allowed(headers: &header::HeaderMap, hosts: &[String]) -> bool {
+/// Whether the request's `Host` header names one of `hosts` (a name alone
+/// allows it on any port, `name:port` on that port only), or, without one,
+/// its URI's authority (HTTP/2's `:authority`, which takes the place of
+/// `Host`), as rmcp checks it for `/mcp`: a page that rebinds a name of its
+/// own to a loopback address reads nothing.
+fn host_allowed<B>(request: &Request<B>, hosts: &[String]) -> bool {
     let authority = |text: &str| {
         let authority: hyper::http::uri::Authority = text.trim().parse().ok()?;
         let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
         Some((host, authority.port_u16()))
     };
-    let Some((host, port)) =
-        headers.get(header::HOST).and_then(|value| value.to_str().ok()).and_then(authority)
-    else {
+    let named = match request.headers().get(header::HOST) {
+        Some(value) => value.to_str().ok().and_then(authority),
+        None => request.uri().authority().and_then(|given| authority(given.as_str())),
+    };
+    let Some((host, port)) = named else {
         return false;
     };
     hosts
@@ -873,9 +876,7 @@ mod tests {
     fn only_a_host_of_the_list_is_allowed() {
         let hosts = allowed_hosts(&["tools.example.com".into(), "keel:80".into()]);
         let allowed = |host: &str| {
-            let mut headers = header::HeaderMap::new();
-            headers.insert(header::HOST, header::HeaderValue::from_str(host).unwrap());
-            host_allowed(&headers, &hosts)
+            host_allowed(&Request::get("/metrics").header(header::HOST, host).body(()).unwrap(), &hosts)
         };
         assert!(allowed("127.0.0.1:7331"));
         assert!(allowed("localhost"));
@@ -884,7 +885,15 @@ mod tests {
         assert!(allowed("keel:80"));
         assert!(!allowed("keel:8080"), "a name with a port allows that port only");
         assert!(!allowed("attacker.example:7331"));
-        assert!(!host_allowed(&header::HeaderMap::new(), &hosts), "no Host, no answer");
+        assert!(!host_allowed(&Request::get("/metrics").body(()).unwrap(), &hosts), "no Host, no answer");
+        // Over HTTP/2, the URI's authority in its place; a Host, when there is one, is what counts.
+        let http2 = |authority: &str| Request::get(format!("http://{authority}/metrics"));
+        assert!(host_allowed(&http2("127.0.0.1:7331").body(()).unwrap(), &hosts));
+        assert!(!host_allowed(&http2("attacker.example:7331").body(()).unwrap(), &hosts));
+        assert!(!host_allowed(
+            &http2("127.0.0.1:7331").header(header::HOST, "attacker.example").body(()).unwrap(),
+            &hosts
+        ));
     }
 
     #[test]
