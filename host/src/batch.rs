@@ -160,7 +160,22 @@ pub fn parse_batch_with_limit(text: &str, origin: &str, max_input: usize) -> Res
             let array =
                 |name: &str| message.get(name).map(|raw| serde_json::from_str::<Vec<&RawValue>>(raw.get()));
             match (array("tool_calls"), array("content")) {
-                (Some(Ok(calls)), _) => (calls, "tool_calls", false),
+                (Some(Ok(calls)), content) => {
+                    // Calls in both places would run only one of them: which
+                    // the model meant is not known, so neither runs.
+                    let blocks = content.and_then(Result::ok).unwrap_or_default();
+                    let is_tool_use = |block: &&RawValue| {
+                        let block = serde_json::from_str::<HashMap<String, &RawValue>>(block.get());
+                        block.is_ok_and(|block| field(&block, "type") == Some(Value::from("tool_use")))
+                    };
+                    if let Some(index) = blocks.iter().position(is_tool_use) {
+                        return Err(fail(format!(
+                            "the message has both tool_use blocks in `content` (the first at \
+                             content[{index}]) and `tool_calls`; give its calls one way"
+                        )));
+                    }
+                    (calls, "tool_calls", false)
+                }
                 (Some(Err(_)), _) => return Err(fail("the message's `tool_calls` is not an array".into())),
                 (None, Some(Ok(blocks))) => (blocks, "content", true),
                 (None, _) => return Err(fail("the message has no `content` array nor `tool_calls`".into())),
@@ -314,6 +329,26 @@ mod tests {
             error(r#"{"role":"assistant","content":"hi"}"#),
             "failed to read batch m.json: the message has no `content` array nor `tool_calls`"
         );
+    }
+
+    #[test]
+    fn a_message_with_tool_use_blocks_and_tool_calls_is_refused_naming_the_first_block() {
+        let message = r#"{"role":"assistant","content":[
+            {"type":"text","text":"Both."},
+            {"type":"tool_use","id":"a","name":"grep","input":{"pattern":"x"}}],
+            "tool_calls":[{"id":"c","type":"function","function":{"name":"wc","arguments":"{}"}}]}"#;
+        assert_eq!(
+            parse_batch(message, "m.json").unwrap_err().to_string(),
+            "failed to read batch m.json: the message has both tool_use blocks in `content` (the first \
+             at content[1]) and `tool_calls`; give its calls one way"
+        );
+        // Text beside `tool_calls`, as a string or as text parts, is no call.
+        let text_parts = r#"{"role":"assistant","content":[{"type":"text","text":"Let me look."}],
+            "tool_calls":[{"id":"c","type":"function","function":{"name":"wc","arguments":"{}"}}]}"#;
+        assert_eq!(parse_batch(text_parts, "m.json").unwrap(), vec![ToolUse::new("c", "wc", json!({}))]);
+        let text = r#"{"role":"assistant","content":"Let me look.",
+            "tool_calls":[{"id":"c","type":"function","function":{"name":"wc","arguments":"{}"}}]}"#;
+        assert_eq!(parse_batch(text, "m.json").unwrap(), vec![ToolUse::new("c", "wc", json!({}))]);
     }
 
     #[test]
