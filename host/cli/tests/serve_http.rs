@@ -490,3 +490,21 @@ fn metrics_over_http2_are_served_to_an_allowed_authority_only() {
     let (status, body) = http2_get(server.addr, "evil.example", "/metrics");
     assert_eq!(status, 403, "{body}");
 }
+
+#[test]
+fn a_request_refused_for_its_host_or_origin_is_logged_only_from_debug() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &[]);
+    for _ in 0..3 {
+        let reply =
+            request(server.addr, "POST", "/mcp", &[ACCEPT, JSON, ("host", "evil.example")], &initialize());
+        assert_eq!(reply.status, 403, "{}", reply.body);
+        let origin = ("origin", "http://evil.example");
+        let reply = request(server.addr, "POST", "/mcp", &[ACCEPT, JSON, origin], &initialize());
+        assert_eq!(reply.status, 403, "{}", reply.body);
+    }
+    // Lines written by now have reached the test's reader.
+    std::thread::sleep(Duration::from_millis(500));
+    let stderr = server.stderr();
+    assert!(!stderr.contains("WARN"), "{stderr}");
+}

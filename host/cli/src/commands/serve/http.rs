@@ -13,6 +13,8 @@
 //! - checks the bearer token, when there is one, in constant time: a missing
 //!   or wrong one gets `401` with `WWW-Authenticate`, and the request never
 //!   reaches the tools or the metrics;
+//! - checks `Host` (over HTTP/2, `:authority`) and `Origin` for `/mcp` and
+//!   `/metrics` alike ([`rebinding`]), before rmcp does;
 //! - refuses to start on an address that is not loopback without a token;
 //! - cuts off a client that takes longer than the header timeout to send a
 //!   request's head, or leaves a connection idle past the idle timeout.
@@ -39,6 +41,9 @@ use tokio_util::sync::CancellationToken;
 
 use super::Server;
 use super::metrics::{self, Endpoint, METRICS_PATH};
+use rebinding::Rebinding;
+
+mod rebinding;
 
 /// The path the server answers on.
 pub const MCP_PATH: &str = "/mcp";
@@ -204,7 +209,6 @@ pub async fn serve(
         );
     }
     let hosts = allowed_hosts(&args.allow_hosts);
-    let metrics = metrics.map(|endpoint| (endpoint, Arc::<[String]>::from(hosts.clone())));
     let cancel = CancellationToken::new();
     let stopping = server.stopping.clone();
     // Pages served from this machine may call; a page of any other origin
@@ -212,6 +216,7 @@ pub async fn serve(
     let mut origins: Vec<String> =
         ["http://localhost:*", "http://127.0.0.1:*", "http://[::1]:*"].map(String::from).to_vec();
     origins.extend(args.allow_origins.iter().cloned());
+    let rebinding = Rebinding::new(&hosts, Some(&origins));
     // A stateless request whose handler sends nothing before its result is
     // answered with that result as JSON, not an event stream that stays open
     // until the handler's task is gone; one that reports progress first
@@ -244,7 +249,8 @@ pub async fn serve(
     // whose workers share its calls.
     let idle = Duration::from_secs(args.idle_timeout_secs);
     let shared = tokio::runtime::Handle::current();
-    let connection = Connections { mcp, token, metrics, idle, stopping: stopping.clone(), shared };
+    let gate = Arc::new(Gate { token, metrics, rebinding });
+    let connection = Connections { mcp, gate, idle, stopping: stopping.clone(), shared };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let (mut dealt, mut ended) = (Vec::with_capacity(cores), Vec::with_capacity(cores));
     for core in 0..cores {
@@ -281,8 +287,7 @@ pub async fn serve(
 #[derive(Clone)]
 struct Connections<S> {
     mcp: S,
-    token: Option<Arc<[u8]>>,
-    metrics: Option<(Endpoint, Arc<[String]>)>,
+    gate: Arc<Gate>,
     idle: Duration,
     /// Cancelled when the server stops: each connection then answers the
     /// requests it has, and closes.
@@ -365,17 +370,15 @@ where
         if let Err(error) = stream.set_nodelay(true) {
             tracing::debug!(%peer, "failed to set TCP_NODELAY: {error}");
         }
-        let Connections { mcp, token, metrics, idle, stopping, .. } = self;
+        let Connections { mcp, gate, idle, stopping, .. } = self;
         let activity = Activity::new();
         let watched = Watched { inner: stream, activity: activity.clone() };
         let in_service = activity.clone();
         let service = hyper::service::service_fn(move |request| {
-            let (mut mcp, token, activity) = (mcp.clone(), token.clone(), in_service.clone());
-            let metrics = metrics.clone();
+            let (mut mcp, gate, activity) = (mcp.clone(), gate.clone(), in_service.clone());
             async move {
                 let _busy = activity.busy();
-                let metrics = metrics.as_ref().map(|(endpoint, hosts)| (endpoint, &hosts[..]));
-                Ok::<_, Infallible>(gate(request, token.as_deref(), metrics, &mut mcp).await)
+                Ok::<_, Infallible>(gate.answer(request, &mut mcp).await)
             }
         });
         let mut builder = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new());
@@ -599,13 +602,9 @@ impl<S: tokio::io::AsyncWrite + Unpin> tokio::io::AsyncWrite for Watched<S> {
     }
 }
 
-/// The answer of `endpoint` to a request for `/metrics`: `403` unless its
-/// `Host` is one of `hosts` (rmcp checks the same names for `/mcp`), then
-/// the metrics to a `GET` (or `HEAD`), `405` to any other method.
-fn metrics_response<B>(endpoint: &Endpoint, hosts: &[String], request: &Request<B>) -> Response<Body> {
-    if !host_allowed(request, hosts) {
-        return plain(StatusCode::FORBIDDEN, "forbidden: the Host header names no allowed host\n");
-    }
+/// The answer of `endpoint` to a request for `/metrics` that passed the
+/// checks: the metrics to a `GET` (or `HEAD`), `405` to any other method.
+fn metrics_response<B>(endpoint: &Endpoint, request: &Request<B>) -> Response<Body> {
     if request.method() != hyper::Method::GET && request.method() != hyper::Method::HEAD {
         let mut response = plain(StatusCode::METHOD_NOT_ALLOWED, "metrics are read with GET\n");
         response.headers_mut().insert(header::ALLOW, header::HeaderValue::from_static("GET, HEAD"));
@@ -620,7 +619,8 @@ fn metrics_response<B>(endpoint: &Endpoint, hosts: &[String], request: &Request<
 
 /// `--metrics-addr`: serve `/metrics` alone on `addr`, a loopback address,
 /// without a token, until the process is stopped. `hosts` are the `Host`
-/// names accepted, as on the MCP listener.
+/// names accepted, as on the MCP listener; any `Origin` passes, as there is
+/// nothing a page could change.
 pub async fn serve_metrics(endpoint: Endpoint, addr: SocketAddr, hosts: Arc<[String]>) -> Result<()> {
     if !addr.ip().is_loopback() {
         bail!("refusing to serve metrics on {addr} without a token: it is not a loopback address");
@@ -632,10 +632,11 @@ pub async fn serve_metrics(endpoint: Endpoint, addr: SocketAddr, hosts: Arc<[Str
     tracing::info!("serving metrics on http://{bound}{METRICS_PATH}");
     // The address actually bound, for whoever started us with port 0.
     super::say(format_args!("keel: serving metrics on http://{bound}{METRICS_PATH}"));
+    let rebinding = Arc::new(Rebinding::new(&hosts, None));
     tokio::spawn(async move {
         loop {
             let (stream, peer) = accept(&listener, "a metrics connection").await;
-            let (endpoint, hosts) = (endpoint.clone(), hosts.clone());
+            let (endpoint, rebinding) = (endpoint.clone(), rebinding.clone());
             tokio::spawn(async move {
                 let service = hyper::service::service_fn(move |request: Request<Incoming>| {
                     let response = if request.uri().path() != METRICS_PATH {
@@ -643,8 +644,10 @@ pub async fn serve_metrics(endpoint: Endpoint, addr: SocketAddr, hosts: Arc<[Str
                             StatusCode::NOT_FOUND,
                             format!("not found: keel serves metrics on {METRICS_PATH}\n"),
                         )
+                    } else if let Err(refusal) = rebinding.check(&request) {
+                        refused(&refusal)
                     } else {
-                        metrics_response(&endpoint, &hosts, &request)
+                        metrics_response(&endpoint, &request)
                     };
                     async move { Ok::<_, Infallible>(response) }
                 });
@@ -665,46 +668,66 @@ pub async fn serve_metrics(endpoint: Endpoint, addr: SocketAddr, hosts: Arc<[Str
 /// The body of every response.
 type Body = BoxBody<Bytes, Infallible>;
 
-/// `/mcp` and the token, then rmcp; `/metrics` (with the `Host` names it
-/// answers to) when `metrics` is given; anything else answered here.
-async fn gate<S>(
-    request: Request<Incoming>,
-    token: Option<&[u8]>,
-    metrics: Option<(&Endpoint, &[String])>,
-    mcp: &mut S,
-) -> Response<Body>
+/// What every request passes before it is answered.
+struct Gate {
+    /// The bearer token, when there is one.
+    token: Option<Arc<[u8]>>,
+    /// `/metrics`, when it is served here.
+    metrics: Option<Endpoint>,
+    rebinding: Rebinding,
+}
+
+impl Gate {
+    /// `/mcp`, then the token and the `Host` and `Origin` checks, then rmcp;
+    /// `/metrics` the same way when it is served here; anything else
+    /// answered here.
+    async fn answer<S>(&self, request: Request<Incoming>, mcp: &mut S) -> Response<Body>
+    where
+        S: tower_service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>,
+    {
+        let path = request.uri().path();
+        let metrics = self.metrics.as_ref().filter(|_| path == METRICS_PATH);
+        if path != MCP_PATH && metrics.is_none() {
+            return plain(StatusCode::NOT_FOUND, format!("not found: keel serves MCP on {MCP_PATH}\n"));
+        }
+        if let Some(token) = &self.token {
+            // As RFC 6750 answers them: a request with no bearer token is
+            // told one is needed, without an error code; a wrong one is
+            // `invalid_token`.
+            let refused = match bearer(request.headers().get(header::AUTHORIZATION), token) {
+                Bearer::Right => None,
+                Bearer::Missing => Some((
+                    "a bearer token is required: Authorization: Bearer TOKEN\n",
+                    "Bearer realm=\"keel\"",
+                )),
+                Bearer::Wrong => Some((
+                    "the bearer token is not the one this server was given\n",
+                    "Bearer realm=\"keel\", error=\"invalid_token\"",
+                )),
+            };
+            if let Some((text, challenge)) = refused {
+                let mut response = plain(StatusCode::UNAUTHORIZED, text);
+                let challenge = header::HeaderValue::from_static(challenge);
+                response.headers_mut().insert(header::WWW_AUTHENTICATE, challenge);
+                return response;
+            }
+        }
+        if let Err(refusal) = self.rebinding.check(&request) {
+            return refused(&refusal);
+        }
+        if let Some(endpoint) = metrics {
+            return metrics_response(endpoint, &request);
+        }
+        mcp_response(request, mcp).await
+    }
+}
+
+/// rmcp's answer to `request`, a `415` for a body it cannot read made a
+/// `400` ([`unreadable_body`]).
+async fn mcp_response<S>(request: Request<Incoming>, mcp: &mut S) -> Response<Body>
 where
     S: tower_service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>,
 {
-    let path = request.uri().path();
-    let metrics = metrics.filter(|_| path == METRICS_PATH);
-    if path != MCP_PATH && metrics.is_none() {
-        return plain(StatusCode::NOT_FOUND, format!("not found: keel serves MCP on {MCP_PATH}\n"));
-    }
-    if let Some(token) = token {
-        // As RFC 6750 answers them: a request with no bearer token is told
-        // one is needed, without an error code; a wrong one is
-        // `invalid_token`.
-        let refused = match bearer(request.headers().get(header::AUTHORIZATION), token) {
-            Bearer::Right => None,
-            Bearer::Missing => {
-                Some(("a bearer token is required: Authorization: Bearer TOKEN\n", "Bearer realm=\"keel\""))
-            }
-            Bearer::Wrong => Some((
-                "the bearer token is not the one this server was given\n",
-                "Bearer realm=\"keel\", error=\"invalid_token\"",
-            )),
-        };
-        if let Some((text, challenge)) = refused {
-            let mut response = plain(StatusCode::UNAUTHORIZED, text);
-            let challenge = header::HeaderValue::from_static(challenge);
-            response.headers_mut().insert(header::WWW_AUTHENTICATE, challenge);
-            return response;
-        }
-    }
-    if let Some((endpoint, hosts)) = metrics {
-        return metrics_response(endpoint, hosts, &request);
-    }
     let response = match mcp.call(request).await {
         Ok(response) => response,
         Err(never) => match never {},
@@ -769,30 +792,12 @@ fn bearer(value: Option<&header::HeaderValue>, token: &[u8]) -> Bearer {
     if bool::from(given.ct_eq(token)) { Bearer::Right } else { Bearer::Wrong }
 }
 
-/// Whether the request's `Host` header names one of `hosts` (a name alone
-/// allows it on any port, `name:port` on that port only), or, without one,
-/// its URI's authority (HTTP/2's `:authority`, which takes the place of
-/// `Host`), as rmcp checks it for `/mcp`: a page that rebinds a name of its
-/// own to a loopback address reads nothing.
-fn host_allowed<B>(request: &Request<B>, hosts: &[String]) -> bool {
-    let authority = |text: &str| {
-        let authority: hyper::http::uri::Authority = text.trim().parse().ok()?;
-        let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_ascii_lowercase();
-        Some((host, authority.port_u16()))
-    };
-    let named = match request.headers().get(header::HOST) {
-        Some(value) => value.to_str().ok().and_then(authority),
-        None => request.uri().authority().and_then(|given| authority(given.as_str())),
-    };
-    let Some((host, port)) = named else {
-        return false;
-    };
-    hosts
-        .iter()
-        .filter_map(|allowed| authority(allowed).or_else(|| Some((allowed.to_ascii_lowercase(), None))))
-        .any(|(name, allowed_port)| {
-            name == host && allowed_port.is_none_or(|allowed_port| port == Some(allowed_port))
-        })
+/// The `403` of a request refused by the `Host` and `Origin` checks. Any
+/// client can be refused, so this is logged from `KEEL_LOG=debug` only, as
+/// everything a client did is.
+fn refused(refusal: &rebinding::Refusal) -> Response<Body> {
+    tracing::debug!("refused a request: {}", refusal.text().trim_end());
+    plain(StatusCode::FORBIDDEN, refusal.text())
 }
 
 /// A plain-text response.
@@ -870,30 +875,6 @@ mod tests {
         for origin in ["example.com", "example.com:443", "://a.b", "https://", "a b", ""] {
             assert!(allowed_origin(origin).is_err(), "{origin}");
         }
-    }
-
-    #[test]
-    fn only_a_host_of_the_list_is_allowed() {
-        let hosts = allowed_hosts(&["tools.example.com".into(), "keel:80".into()]);
-        let allowed = |host: &str| {
-            host_allowed(&Request::get("/metrics").header(header::HOST, host).body(()).unwrap(), &hosts)
-        };
-        assert!(allowed("127.0.0.1:7331"));
-        assert!(allowed("localhost"));
-        assert!(allowed("[::1]:9464"));
-        assert!(allowed("Tools.Example.com:443"), "a name alone allows any port");
-        assert!(allowed("keel:80"));
-        assert!(!allowed("keel:8080"), "a name with a port allows that port only");
-        assert!(!allowed("attacker.example:7331"));
-        assert!(!host_allowed(&Request::get("/metrics").body(()).unwrap(), &hosts), "no Host, no answer");
-        // Over HTTP/2, the URI's authority in its place; a Host, when there is one, is what counts.
-        let http2 = |authority: &str| Request::get(format!("http://{authority}/metrics"));
-        assert!(host_allowed(&http2("127.0.0.1:7331").body(()).unwrap(), &hosts));
-        assert!(!host_allowed(&http2("attacker.example:7331").body(()).unwrap(), &hosts));
-        assert!(!host_allowed(
-            &http2("127.0.0.1:7331").header(header::HOST, "attacker.example").body(()).unwrap(),
-            &hosts
-        ));
     }
 
     #[test]
