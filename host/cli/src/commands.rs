@@ -40,3 +40,34 @@ pub fn size(bytes: u64) -> String {
         _ => format!("{:.1} MiB", bytes as f64 / 1_048_576.0),
     }
 }
+
+/// `text` as a terminal shows it safely: each control character (escape,
+/// bell, NUL, a line break…) written as Rust escapes it, `\u{1b}`, `\n`,
+/// so that a name or id a model wrote cannot move the cursor, retitle the
+/// window or fake a line. Everything else is left as it is.
+pub fn printable(text: &str) -> std::borrow::Cow<'_, str> {
+    if !text.chars().any(char::is_control) {
+        return text.into();
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if c.is_control() {
+            shown.extend(c.escape_debug());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown.into()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn control_characters_are_printed_escaped_and_nothing_else() {
+        assert_eq!(printable("t\u{1b}[31m\u{7}\0a\nb\u{9b}"), r"t\u{1b}[31m\u{7}\0a\nb\u{9b}");
+        assert_eq!(printable("grep «é» \\ \""), "grep «é» \\ \"");
+        assert!(matches!(printable("grep"), std::borrow::Cow::Borrowed("grep")));
+    }
+}

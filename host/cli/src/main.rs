@@ -113,8 +113,12 @@ fn main() -> ExitCode {
         Err(error) if stdout_gone(&error) => ExitCode::from(141),
         Err(error) => {
             // Unlike `eprintln!`, no panic when stderr is gone: the command
-            // failed, and its status says so all the same.
-            let _ = writeln!(std::io::stderr().lock(), "error: {error:#}");
+            // failed, and its status says so all the same. An error may
+            // quote the batch (an id): its lines keep their breaks, and
+            // every other control character is escaped.
+            let text = format!("{error:#}");
+            let lines: Vec<_> = text.split('\n').map(commands::printable).collect();
+            let _ = writeln!(std::io::stderr().lock(), "error: {}", lines.join("\n"));
             ExitCode::FAILURE
         }
     }

@@ -200,6 +200,30 @@ fn trace_timeline_and_stats_leave_stdout_as_it_was() {
 }
 
 #[test]
+fn control_characters_a_model_wrote_reach_stderr_escaped_and_json_unchanged() {
+    let workspace = workspace();
+    // The one call that runs is the slowest, so the summary names it too.
+    let batch = json!([
+        { "type": "tool_use", "id": "t\u{1b}[31m\u{7}", "name": "grep", "input": { "pattern": "alpha" } },
+        { "type": "tool_use", "id": "t2\nfake", "name": "no\u{0}pe\u{1b}]0;title\u{7}", "input": {} },
+    ])
+    .to_string();
+    let output = keel(&["run", "--stats", "-"], workspace.path(), &batch);
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(!stderr.chars().any(|c| c.is_control() && c != '\n'), "{stderr:?}");
+    let lines: Vec<&str> = stderr.lines().collect();
+    assert_eq!(lines.len(), 4, "{stderr}");
+    let cells = |line: &str| line.split_whitespace().take(3).map(str::to_string).collect::<Vec<_>>();
+    assert_eq!(cells(lines[1]), [r"grep", r"t\u{1b}[31m\u{7}", "ok"], "{}", lines[1]);
+    assert_eq!(cells(lines[2])[..2], [r"no\0pe\u{1b}]0;title\u{7}", r"t2\nfake"], "{}", lines[2]);
+    assert!(lines[3].contains(r"; slowest: grep (t\u{1b}[31m\u{7}) "), "{}", lines[3]);
+    // The results keep the ids as the model wrote them.
+    let message: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(message["content"][0]["tool_use_id"], "t\u{1b}[31m\u{7}");
+    assert_eq!(message["content"][1]["tool_use_id"], "t2\nfake");
+}
+
+#[test]
 fn the_timeline_names_every_call_escapes_what_tools_control_and_loads_nothing() {
     let workspace = workspace();
     let path = workspace.path().join("timeline.html");

@@ -16,6 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use self::record::Recording;
+use super::printable;
 use crate::prompter::TerminalPrompter;
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
@@ -187,7 +188,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if args.stats {
         eprint!("{}", stats::table(&recording));
     }
-    eprintln!("{summary}");
+    eprintln!("{}", printable(&summary));
     Ok(())
 }
 
@@ -206,7 +207,9 @@ async fn print_events(run: &mut BatchRun, recording: &mut Recording) -> Result<(
 
 /// One line per running call on stderr: a spinner with the tool's name and
 /// what it is doing (its activity), and its latest progress: a bar when a
-/// report carries a count and a total, else the report's message.
+/// report carries a count and a total, else the report's message. What a
+/// model or a tool wrote is shown with its control characters escaped
+/// ([`printable`]).
 struct LiveProgress {
     bars: MultiProgress,
     running: std::sync::Mutex<HashMap<String, (ProgressBar, Option<String>)>>,
@@ -230,8 +233,8 @@ impl LiveProgress {
         match event {
             Event::CallStarted { tool_use_id, tool, activity } => {
                 let bar = self.bars.add(ProgressBar::new_spinner().with_style(self.spinner.clone()));
-                bar.set_prefix(tool.clone());
-                bar.set_message(activity.clone().unwrap_or_default());
+                bar.set_prefix(printable(tool).into_owned());
+                bar.set_message(printable(activity.as_deref().unwrap_or_default()).into_owned());
                 bar.enable_steady_tick(Duration::from_millis(100));
                 running.insert(tool_use_id.clone(), (bar, activity.clone()));
             }
@@ -243,12 +246,12 @@ impl LiveProgress {
                         bar.set_length(length);
                         bar.set_position(position);
                     }
-                    bar.set_message(shown.message);
+                    bar.set_message(printable(&shown.message).into_owned());
                 }
             }
             Event::NetworkRefused { tool_use_id, method, url, reason } => {
                 if let Some((bar, _)) = running.get(tool_use_id) {
-                    bar.println(format!("refused {method} {url}: {reason}"));
+                    bar.println(printable(&format!("refused {method} {url}: {reason}")));
                 }
             }
             Event::CallFinished { tool_use_id, is_error, .. } => {

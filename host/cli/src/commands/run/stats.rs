@@ -6,11 +6,12 @@ use std::fmt::Write as _;
 use keel_host::events::Step;
 
 use super::record::{CallRecord, Recording};
-use crate::commands::{counted, size};
+use crate::commands::{counted, printable, size};
 
 /// `5 calls, 1 error, 412 ms; slowest: grep (t3) 230 ms`: the calls of the
 /// batch, those whose result is an error, the batch's wall time, and the
-/// call whose turn took longest.
+/// call whose turn took longest. Its tool and id are as the model wrote
+/// them: printed on a terminal, the line goes through [`printable`].
 pub fn summary(recording: &Recording, calls: usize, errors: usize, wall_us: u64) -> String {
     let mut line = format!("{}, {}, {}", counted(calls, "call"), counted(errors, "error"), duration(wall_us));
     let slowest =
@@ -38,7 +39,8 @@ const COLUMNS: [&str; 13] = [
     "out",
 ];
 
-/// One row per call of the batch, in batch order: its tool, id, outcome,
+/// One row per call of the batch, in batch order: its tool and id (their
+/// control characters escaped, [`printable`]), outcome,
 /// the wall time of its turn, the time of each step, fuel burnt, peak
 /// memory and bytes in and out. A native tool burns no fuel and has no
 /// memory of its own (`-`); a call refused before it was planned has only
@@ -73,8 +75,8 @@ fn row(call: &CallRecord) -> [String; 13] {
     let step = |step: Step| call.figures.as_ref().map_or_else(none, |_| millis(call.step_us(step)));
     let figures = call.figures.as_ref();
     [
-        call.tool.clone(),
-        call.tool_use_id.clone(),
+        printable(&call.tool).into_owned(),
+        printable(&call.tool_use_id).into_owned(),
         call.outcome(),
         call.wall_us().map_or_else(none, millis),
         step(Step::Questions),
