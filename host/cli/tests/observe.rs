@@ -328,6 +328,41 @@ fn a_report_that_would_replace_what_is_read_or_cannot_be_written_is_refused_befo
     );
 }
 
+#[test]
+fn a_report_naming_a_plugin_of_a_plugin_folder_or_the_lock_file_is_refused() {
+    let workspace = workspace();
+    std::fs::write(workspace.path().join("batch.json"), BATCH).unwrap();
+    let plugins = workspace.path().join("plugins");
+    std::fs::create_dir(&plugins).unwrap();
+    let echo = std::fs::read(support::bundled("echo")).unwrap();
+    std::fs::write(plugins.join("keel_tool_echo.wasm"), &echo).unwrap();
+    let lock = "# what a lock pins\n";
+    std::fs::write(workspace.path().join("keel.lock"), lock).unwrap();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
+    let refused = [
+        (
+            &["run", "--plugins", "plugins", "--timeline", "plugins/keel_tool_echo.wasm", "batch.json"][..],
+            "error: --timeline plugins/keel_tool_echo.wasm is a plugin; give the report a file of its own\n",
+        ),
+        (
+            &["run", "--plugins", "plugins", "--trace", "./keel.lock", "batch.json"],
+            "error: --trace ./keel.lock is the lock file; give the report a file of its own\n",
+        ),
+        (
+            &["serve", "--plugins", "plugins", "--trace", "keel.lock"],
+            "error: --trace keel.lock is the lock file; give the report a file of its own\n",
+        ),
+    ];
+    for (args, said) in refused {
+        let output = support::run(&mut support::keel(workspace.path(), &cache, args), KEEL_LIMIT);
+        assert_eq!(output.status.code(), Some(1), "{args:?}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+        assert_eq!(String::from_utf8_lossy(&output.stderr), said, "{args:?}");
+    }
+    assert_eq!(std::fs::read(plugins.join("keel_tool_echo.wasm")).unwrap(), echo);
+    assert_eq!(std::fs::read_to_string(workspace.path().join("keel.lock")).unwrap(), lock);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn keel_serve_keeps_each_call_in_its_trace_once_it_finished() {
     let workspace = workspace();

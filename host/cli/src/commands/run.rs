@@ -122,9 +122,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let uses = parse_batch_bytes(&bytes, &origin, config.limits.apply(Limits::default()).input)?;
     // A file that cannot be written is found before the batch runs, and so
     // is a report that would replace what the run reads, or the other report.
-    let mut inputs = args.host.inputs(config_path.as_deref());
+    let mut inputs = args.host.inputs(config_path.as_deref())?;
     if args.batch != "-" {
-        inputs.push((Path::new(&args.batch), "the batch"));
+        inputs.push((PathBuf::from(&args.batch), "the batch"));
     }
     let reports = [("--trace", "trace", &args.trace), ("--timeline", "timeline", &args.timeline)];
     trace::check_reports(&reports, &inputs)?;
@@ -334,10 +334,27 @@ impl HostArgs {
     }
 
     /// The files a command of these flags reads, each with what it is: the
-    /// configuration at `config` and the plugins given as paths.
-    pub fn inputs<'a>(&'a self, config: Option<&'a Path>) -> Vec<(&'a Path, &'static str)> {
-        let config = config.map(|path| (path, "the configuration"));
-        config.into_iter().chain(self.plugins.iter().map(|path| (path.as_path(), "a plugin"))).collect()
+    /// configuration at `config`, `keel.lock`, and every plugin file given
+    /// as a path or found in a folder given (the bundled tools' without
+    /// `--plugins`). A folder that cannot be listed adds none: loading it
+    /// fails naming it.
+    pub fn inputs(&self, config: Option<&Path>) -> Result<Vec<(PathBuf, &'static str)>> {
+        let mut inputs: Vec<(PathBuf, &'static str)> =
+            config.map(|path| (path.to_path_buf(), "the configuration")).into_iter().collect();
+        inputs.push((self.lock_path()?, "the lock file"));
+        let given = if self.plugins.is_empty() {
+            bundled_tools().into_iter().collect()
+        } else {
+            self.plugins.clone()
+        };
+        for path in given.iter().filter(|path| !oci::is_reference(&path.to_string_lossy())) {
+            inputs.push((path.clone(), "a plugin"));
+            if path.is_dir() {
+                let files = keel_host::load::plugin_files(path).unwrap_or_default();
+                inputs.extend(files.into_iter().map(|file| (file, "a plugin")));
+            }
+        }
+        Ok(inputs)
     }
 
     /// A host builder for these flags, leaving the configuration to the

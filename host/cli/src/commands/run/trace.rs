@@ -166,7 +166,7 @@ fn check_writable(path: &Path, what: &str) -> Result<()> {
 /// of `inputs` (each with what it is) or the file of a report before it,
 /// since it would replace what the command reads or what the other report
 /// wrote; then one that cannot be written ([`check_writable`]).
-pub fn check_reports(reports: &[(&str, &str, &Option<PathBuf>)], inputs: &[(&Path, &str)]) -> Result<()> {
+pub fn check_reports(reports: &[(&str, &str, &Option<PathBuf>)], inputs: &[(PathBuf, &str)]) -> Result<()> {
     let reports: Vec<(&str, &str, &Path)> =
         reports.iter().filter_map(|(flag, what, path)| Some((*flag, *what, path.as_deref()?))).collect();
     for (index, &(flag, _, path)) in reports.iter().enumerate() {
