@@ -508,3 +508,36 @@ fn a_request_refused_for_its_host_or_origin_is_logged_only_from_debug() {
     let stderr = server.stderr();
     assert!(!stderr.contains("WARN"), "{stderr}");
 }
+
+/// What the server first answers to `head`, sent alone on a connection of
+/// its own, within five seconds.
+fn first_answer(addr: std::net::SocketAddr, head: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream.write_all(head.as_bytes()).unwrap();
+    let mut answer = [0u8; 512];
+    let read = stream.read(&mut answer).unwrap_or_else(|error| panic!("no answer to {head:?}: {error}"));
+    String::from_utf8_lossy(&answer[..read]).into_owned()
+}
+
+#[test]
+fn a_declared_body_over_the_cap_is_refused_before_it_is_sent() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &["--max-body-kib", "1"]);
+    let post = |more: &str| {
+        format!(
+            "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{}\r\naccept: application/json, text/event-stream\r\n\
+             content-type: application/json\r\n{more}\r\n",
+            server.addr.port()
+        )
+    };
+    let answer = first_answer(server.addr, &post("content-length: 99999999999\r\n"));
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    assert!(answer.contains("request body exceeds 1024 bytes"), "{answer}");
+    // Not invited to send it.
+    let answer = first_answer(server.addr, &post("content-length: 52428800\r\nexpect: 100-continue\r\n"));
+    assert!(answer.starts_with("HTTP/1.1 413 "), "{answer}");
+    // A body under the cap is still invited.
+    let answer = first_answer(server.addr, &post("content-length: 100\r\nexpect: 100-continue\r\n"));
+    assert!(answer.starts_with("HTTP/1.1 100 "), "{answer}");
+}

@@ -6,6 +6,9 @@
 //! `Origin` a browser sends refused unless listed, so DNS rebinding gets
 //! nowhere; a body over the cap refused with `413` while it streams, before
 //! it is parsed. Around it, this module:
+//! - refuses a body whose declared length is over the cap with `413` before
+//!   reading any of it (so a client that asked to be invited to send it,
+//!   `Expect: 100-continue`, is not);
 //! - answers a body that is not a JSON-RPC message with `400` and a JSON-RPC
 //!   parse or invalid-request error, where rmcp gives `415`;
 //! - answers `/mcp`, and `/metrics` when metrics are served here
@@ -31,7 +34,7 @@ use anyhow::{Context as _, Result, bail};
 use bytes::Bytes;
 use clap::Args;
 use http_body_util::{BodyExt as _, Full, combinators::BoxBody};
-use hyper::body::Incoming;
+use hyper::body::{Body as _, Incoming};
 use hyper::{Request, Response, StatusCode, header};
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use rmcp::transport::streamable_http_server::session::local::LocalSessionManager;
@@ -249,7 +252,8 @@ pub async fn serve(
     // whose workers share its calls.
     let idle = Duration::from_secs(args.idle_timeout_secs);
     let shared = tokio::runtime::Handle::current();
-    let gate = Arc::new(Gate { token, metrics, rebinding });
+    let max_body = bytes_of_kib(args.max_body_kib);
+    let gate = Arc::new(Gate { token, metrics, rebinding, max_body });
     let connection = Connections { mcp, gate, idle, stopping: stopping.clone(), shared };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let (mut dealt, mut ended) = (Vec::with_capacity(cores), Vec::with_capacity(cores));
@@ -675,6 +679,8 @@ struct Gate {
     /// `/metrics`, when it is served here.
     metrics: Option<Endpoint>,
     rebinding: Rebinding,
+    /// The largest body accepted, in bytes.
+    max_body: usize,
 }
 
 impl Gate {
@@ -717,6 +723,15 @@ impl Gate {
         }
         if let Some(endpoint) = metrics {
             return metrics_response(endpoint, &request);
+        }
+        // A body declared too large is refused before any of it is read, as
+        // rmcp would once it had read that much.
+        let declared = request.body().size_hint().lower();
+        if !usize::try_from(declared).is_ok_and(|declared| declared <= self.max_body) {
+            return plain(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                format!("Payload Too Large: request body exceeds {} bytes", self.max_body),
+            );
         }
         mcp_response(request, mcp).await
     }
