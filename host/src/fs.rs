@@ -1,5 +1,6 @@
 //! Files written whole or not at all: the one atomic-write helper of the
-//! compile cache, persisted results and golden fixtures.
+//! compile cache, persisted results and golden fixtures, and the write of a
+//! report to whatever path a user named ([`write_to`]).
 
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
@@ -10,6 +11,58 @@ use std::path::{Path, PathBuf};
 /// over it. The parent directory is created when missing.
 pub fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
     Staged::new(path, contents, true)?.commit()
+}
+
+/// Write `contents` to what `path` names, as a user who names a file for a
+/// report means it: a regular file, or no file yet, is written atomically
+/// ([`write_atomically`]) at the end of `path`'s symbolic links, so that a
+/// link stays a link and its target gets the contents; anything else that
+/// is there (a named pipe, a character device such as `/dev/null`, the
+/// `/dev/fd/N` of a process substitution) is opened and written through,
+/// never replaced. Gives the path written, which may be a link's target.
+pub fn write_to(path: &Path, contents: &[u8]) -> io::Result<PathBuf> {
+    match std::fs::metadata(path) {
+        // A rename over a directory fails as the system says (EISDIR).
+        Ok(metadata) if metadata.is_file() || metadata.is_dir() => {
+            let target = path.canonicalize()?;
+            write_atomically(&target, contents)?;
+            Ok(target)
+        }
+        Ok(_) => {
+            let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
+            file.write_all(contents)?;
+            file.flush()?;
+            Ok(path.to_path_buf())
+        }
+        Err(error) if error.kind() == io::ErrorKind::NotFound => {
+            let target = link_target(path)?;
+            write_atomically(&target, contents)?;
+            Ok(target)
+        }
+        Err(error) => Err(error),
+    }
+}
+
+/// Where `path` leads when it names nothing that exists: the end of its
+/// chain of symbolic links (a link to a file not made yet), else `path`.
+pub fn link_target(path: &Path) -> io::Result<PathBuf> {
+    let mut path = path.to_path_buf();
+    // As many links as the kernel follows before it gives up (ELOOP).
+    for _ in 0..40 {
+        match std::fs::symlink_metadata(&path) {
+            Ok(metadata) if metadata.file_type().is_symlink() => {
+                let target = std::fs::read_link(&path)?;
+                path = match path.parent() {
+                    Some(dir) => dir.join(target),
+                    None => target,
+                };
+            }
+            Ok(_) => return Ok(path),
+            Err(error) if error.kind() == io::ErrorKind::NotFound => return Ok(path),
+            Err(error) => return Err(error),
+        }
+    }
+    Err(io::Error::other("too many levels of symbolic links"))
 }
 
 /// [`write_atomically`] without the sync: running readers still see the old

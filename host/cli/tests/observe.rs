@@ -329,6 +329,63 @@ fn a_report_that_would_replace_what_is_read_or_cannot_be_written_is_refused_befo
 }
 
 #[test]
+fn a_report_through_a_link_is_written_at_its_target_and_a_pipe_is_written_through() {
+    use std::os::unix::fs::{FileTypeExt as _, symlink};
+
+    let workspace = workspace();
+    let reports = workspace.path().join("reports");
+    std::fs::create_dir(&reports).unwrap();
+    std::fs::write(reports.join("old.html"), "old").unwrap();
+    symlink("reports/old.html", workspace.path().join("timeline.html")).unwrap();
+    // A link to nothing yet: the report is made where it points.
+    symlink("reports/new.json", workspace.path().join("trace.json")).unwrap();
+    let fifo = workspace.path().join("pipe.json");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status().unwrap();
+    assert!(made.success());
+    // Its reader, already waiting when keel opens the pipe; killed, not
+    // waited for, if the pipe is replaced and nothing ever opens it, or the
+    // test fails before.
+    struct Reader(std::process::Child);
+    impl Drop for Reader {
+        fn drop(&mut self) {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+    let mut reader = Reader(
+        std::process::Command::new("cat")
+            .arg(&fifo)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .unwrap(),
+    );
+    let read = reader.0.stdout.take().unwrap();
+    let read = std::thread::spawn(move || std::io::read_to_string(read).unwrap());
+
+    let args = ["run", "--timeline", "timeline.html", "--trace", "trace.json", "-"];
+    keel(&args, workspace.path(), BATCH);
+    let args = ["run", "--events", "--trace", "pipe.json", "-"];
+    keel(&args, workspace.path(), BATCH);
+
+    for link in ["timeline.html", "trace.json"] {
+        let metadata = std::fs::symlink_metadata(workspace.path().join(link)).unwrap();
+        assert!(metadata.file_type().is_symlink(), "{link} is still a link");
+    }
+    let html = std::fs::read_to_string(reports.join("old.html")).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>"), "{html}");
+    let trace: Value = serde_json::from_slice(&std::fs::read(reports.join("new.json")).unwrap()).unwrap();
+    assert!(trace["traceEvents"].is_array());
+    let left: Vec<_> = std::fs::read_dir(&reports).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    assert_eq!(left.len(), 2, "{left:?}");
+
+    support::exit_within(&mut reader.0, Duration::from_secs(30));
+    let piped: Value = serde_json::from_str(&read.join().unwrap()).unwrap();
+    assert!(piped["traceEvents"].is_array());
+    assert!(std::fs::metadata(&fifo).unwrap().file_type().is_fifo(), "the pipe is still a pipe");
+}
+
+#[test]
 fn a_report_naming_a_plugin_of_a_plugin_folder_or_the_lock_file_is_refused() {
     let workspace = workspace();
     std::fs::write(workspace.path().join("batch.json"), BATCH).unwrap();

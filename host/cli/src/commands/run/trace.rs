@@ -135,16 +135,33 @@ fn figures_args(placed: &Placed<'_>) -> Value {
     args
 }
 
-/// Check that `path` is not a directory and that a file can be made beside
-/// it (so that a run does not go to waste on a trace it cannot write),
-/// naming `path` and the system's reason when it cannot.
+/// Check that `path` is not a directory, and that a file can be made beside
+/// the file it leads to, or, for a pipe or a device, that it may be opened
+/// for writing (so that a run does not go to waste on a trace it cannot
+/// write), naming `path` and the system's reason when it cannot.
 fn check_writable(path: &Path, what: &str) -> Result<()> {
-    if path.is_dir() {
-        // The system's own words, as for the other reasons below.
-        let error = std::io::Error::from_raw_os_error(libc::EISDIR);
-        return Err(error).with_context(|| format!("failed to write {what} {}", path.display()));
+    let failed = || format!("failed to write {what} {}", path.display());
+    match std::fs::metadata(path) {
+        Ok(metadata) if metadata.is_dir() => {
+            // The system's own words, as for the other reasons below.
+            let error = std::io::Error::from_raw_os_error(libc::EISDIR);
+            return Err(error).with_context(failed);
+        }
+        // A socket is no file to open: the system says so as it would at
+        // the end of the run.
+        #[cfg(unix)]
+        Ok(metadata) if std::os::unix::fs::FileTypeExt::is_socket(&metadata.file_type()) => {
+            return Err(std::io::Error::from_raw_os_error(libc::ENXIO)).with_context(failed);
+        }
+        // Not opened here: a pipe's reader would see it closed.
+        Ok(metadata) if !metadata.is_file() => return may_write(path).with_context(failed),
+        _ => {}
     }
-    let dir = match path.parent() {
+    let target = match path.canonicalize() {
+        Ok(target) => target,
+        Err(_) => keel_host::fs::link_target(path).with_context(failed)?,
+    };
+    let dir = match target.parent() {
         Some(dir) if !dir.as_os_str().is_empty() => dir,
         _ => Path::new("."),
     };
@@ -157,7 +174,20 @@ fn check_writable(path: &Path, what: &str) -> Result<()> {
         }
         // Not ours, but the directory holds files.
         Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
-        Err(error) => Err(error).with_context(|| format!("failed to write {what} {}", path.display())),
+        Err(error) => Err(error).with_context(failed),
+    }
+}
+
+/// Whether this process may open `path` for writing, asked without opening
+/// it (`access(2)`).
+fn may_write(path: &Path) -> std::io::Result<()> {
+    let path = std::ffi::CString::new(path.as_os_str().as_encoded_bytes())?;
+    // SAFETY: `path` is a NUL-terminated string that outlives the call,
+    // which only reads it.
+    if unsafe { libc::access(path.as_ptr(), libc::W_OK) } == 0 {
+        Ok(())
+    } else {
+        Err(std::io::Error::last_os_error())
     }
 }
 
@@ -197,17 +227,19 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Write `contents` to `path` atomically: a reader sees the old file or
-/// the whole new one, never half of it.
+/// Write `contents` to `path`: a file atomically, so that a reader sees the
+/// old file or the whole new one, never half of it, at the end of `path`'s
+/// links; a pipe or a device written through ([`keel_host::fs::write_to`]).
 pub fn write(path: &Path, contents: &[u8], what: &str) -> Result<()> {
     let failed = || format!("failed to write {what} {}", path.display());
-    keel_host::fs::write_atomically(path, contents).with_context(failed)?;
+    let written = keel_host::fs::write_to(path, contents).with_context(failed)?;
     // The temporary file was made readable by its owner only; a report is
-    // for anyone who may read the directory.
+    // for anyone who may read the directory. What was written through keeps
+    // its own mode.
     #[cfg(unix)]
-    {
+    if std::fs::symlink_metadata(&written).is_ok_and(|metadata| metadata.is_file()) {
         use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644)).with_context(failed)?;
+        std::fs::set_permissions(&written, std::fs::Permissions::from_mode(0o644)).with_context(failed)?;
     }
     Ok(())
 }
