@@ -541,3 +541,27 @@ fn a_declared_body_over_the_cap_is_refused_before_it_is_sent() {
     let answer = first_answer(server.addr, &post("content-length: 100\r\nexpect: 100-continue\r\n"));
     assert!(answer.starts_with("HTTP/1.1 100 "), "{answer}");
 }
+
+#[test]
+fn a_body_that_stalls_ends_its_request_after_the_idle_timeout() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &["--idle-timeout-secs", "1"]);
+    let mut stream = TcpStream::connect(server.addr).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let head = format!(
+        "POST /mcp HTTP/1.1\r\nhost: 127.0.0.1:{}\r\naccept: application/json, text/event-stream\r\n\
+         content-type: application/json\r\ncontent-length: 100\r\n\r\n{{\"jsonrpc\"",
+        server.addr.port()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    let started = std::time::Instant::now();
+    let mut reply = Vec::new();
+    let read = stream.read_to_end(&mut reply);
+    let reply = String::from_utf8_lossy(&reply);
+    assert!(read.is_ok(), "the connection was neither answered nor closed: {read:?} {reply}");
+    assert!(reply.starts_with("HTTP/1.1 408 "), "{reply}");
+    assert!(started.elapsed() < Duration::from_secs(5), "{:?}", started.elapsed());
+    // The server goes on.
+    let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "after" }));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+}

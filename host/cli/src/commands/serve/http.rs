@@ -9,6 +9,8 @@
 //! - refuses a body whose declared length is over the cap with `413` before
 //!   reading any of it (so a client that asked to be invited to send it,
 //!   `Expect: 100-continue`, is not);
+//! - ends a request whose body sends nothing for the idle timeout with
+//!   `408`;
 //! - answers a body that is not a JSON-RPC message with `400` and a JSON-RPC
 //!   parse or invalid-request error, where rmcp gives `415`;
 //! - answers `/mcp`, and `/metrics` when metrics are served here
@@ -250,10 +252,10 @@ pub async fn serve(
     // carries one request at a time, so it loses no parallelism; an HTTP/2
     // one carries many at once, and is handed back to the shared runtime,
     // whose workers share its calls.
-    let idle = Duration::from_secs(args.idle_timeout_secs);
     let shared = tokio::runtime::Handle::current();
     let max_body = bytes_of_kib(args.max_body_kib);
-    let gate = Arc::new(Gate { token, metrics, rebinding, max_body });
+    let idle = Duration::from_secs(args.idle_timeout_secs);
+    let gate = Arc::new(Gate { token, metrics, rebinding, max_body, idle });
     let connection = Connections { mcp, gate, idle, stopping: stopping.clone(), shared };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let (mut dealt, mut ended) = (Vec::with_capacity(cores), Vec::with_capacity(cores));
@@ -302,7 +304,7 @@ struct Connections<S> {
 
 impl<S> Connections<S>
 where
-    S: tower_service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>
+    S: tower_service::Service<Request<Sent>, Response = Response<Body>, Error = Infallible>
         + Clone
         + Send
         + 'static,
@@ -681,6 +683,8 @@ struct Gate {
     rebinding: Rebinding,
     /// The largest body accepted, in bytes.
     max_body: usize,
+    /// How long a request's body may send nothing before the request ends.
+    idle: Duration,
 }
 
 impl Gate {
@@ -689,7 +693,7 @@ impl Gate {
     /// answered here.
     async fn answer<S>(&self, request: Request<Incoming>, mcp: &mut S) -> Response<Body>
     where
-        S: tower_service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>,
+        S: tower_service::Service<Request<Sent>, Response = Response<Body>, Error = Infallible>,
     {
         let path = request.uri().path();
         let metrics = self.metrics.as_ref().filter(|_| path == METRICS_PATH);
@@ -733,15 +737,31 @@ impl Gate {
                 format!("Payload Too Large: request body exceeds {} bytes", self.max_body),
             );
         }
-        mcp_response(request, mcp).await
+        let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let version = request.version();
+        let (idle, watching) = (self.idle, stalled.clone());
+        let request = request.map(|body| Sent { body, idle, deadline: None, stalled: watching });
+        let response = mcp_response(request, mcp).await;
+        if !stalled.load(std::sync::atomic::Ordering::Relaxed) {
+            return response;
+        }
+        let mut response = plain(
+            StatusCode::REQUEST_TIMEOUT,
+            format!("request timeout: the body sent nothing for {} s\n", idle.as_secs()),
+        );
+        if version < hyper::Version::HTTP_2 {
+            // The rest of the body would be read as the next request.
+            response.headers_mut().insert(header::CONNECTION, header::HeaderValue::from_static("close"));
+        }
+        response
     }
 }
 
 /// rmcp's answer to `request`, a `415` for a body it cannot read made a
 /// `400` ([`unreadable_body`]).
-async fn mcp_response<S>(request: Request<Incoming>, mcp: &mut S) -> Response<Body>
+async fn mcp_response<S>(request: Request<Sent>, mcp: &mut S) -> Response<Body>
 where
-    S: tower_service::Service<Request<Incoming>, Response = Response<Body>, Error = Infallible>,
+    S: tower_service::Service<Request<Sent>, Response = Response<Body>, Error = Infallible>,
 {
     let response = match mcp.call(request).await {
         Ok(response) => response,
@@ -751,6 +771,57 @@ where
         return unreadable_body(response).await;
     }
     response
+}
+
+/// A request's body as rmcp reads it: the connection's, ended with an error
+/// once it has sent nothing for the idle timeout. The connection's own idle
+/// watch does not cut it off meanwhile, as a request is being answered.
+struct Sent {
+    body: Incoming,
+    idle: Duration,
+    /// When the body is cut off; set when it first has nothing to give, and
+    /// put off by each frame after that.
+    deadline: Option<std::pin::Pin<Box<tokio::time::Sleep>>>,
+    /// Set once the body was cut off.
+    stalled: Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl hyper::body::Body for Sent {
+    type Data = Bytes;
+    type Error = Box<dyn std::error::Error + Send + Sync>;
+
+    fn poll_frame(
+        self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, Self::Error>>> {
+        use std::future::Future as _;
+        let this = self.get_mut();
+        match std::pin::Pin::new(&mut this.body).poll_frame(cx) {
+            std::task::Poll::Ready(frame) => {
+                if let Some(deadline) = &mut this.deadline {
+                    deadline.as_mut().reset(tokio::time::Instant::now() + this.idle);
+                }
+                std::task::Poll::Ready(frame.map(|frame| frame.map_err(Into::into)))
+            }
+            std::task::Poll::Pending => {
+                let idle = this.idle;
+                let deadline = this.deadline.get_or_insert_with(|| Box::pin(tokio::time::sleep(idle)));
+                if deadline.as_mut().poll(cx).is_pending() {
+                    return std::task::Poll::Pending;
+                }
+                this.stalled.store(true, std::sync::atomic::Ordering::Relaxed);
+                std::task::Poll::Ready(Some(Err(format!("the body sent nothing for {idle:?}").into())))
+            }
+        }
+    }
+
+    fn is_end_stream(&self) -> bool {
+        self.body.is_end_stream()
+    }
+
+    fn size_hint(&self) -> hyper::body::SizeHint {
+        self.body.size_hint()
+    }
 }
 
 /// What rmcp says of a body it could not read as a JSON-RPC message.
