@@ -565,3 +565,19 @@ fn a_body_that_stalls_ends_its_request_after_the_idle_timeout() {
     let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "after" }));
     assert_eq!(reply.status, 200, "{}", reply.body);
 }
+
+#[test]
+fn deleting_a_session_the_server_does_not_hold_is_not_found() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &[]);
+    let reply = request(server.addr, "POST", "/mcp", &[ACCEPT, JSON], &initialize());
+    let session = reply.header("mcp-session-id").expect("a session").to_string();
+    let delete = |session: &str| {
+        let headers = [("mcp-session-id", session), ("mcp-protocol-version", "2025-06-18")];
+        request(server.addr, "DELETE", "/mcp", &headers, "")
+    };
+    assert_eq!(delete(&session).status, 202);
+    let again = delete(&session);
+    assert_eq!((again.status, again.body.as_str()), (404, "Not Found: Session not found"));
+    assert_eq!(delete("no-such-session").status, 404);
+}

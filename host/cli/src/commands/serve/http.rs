@@ -11,6 +11,8 @@
 //!   `Expect: 100-continue`, is not);
 //! - ends a request whose body sends nothing for the idle timeout with
 //!   `408`;
+//! - answers `404` to a `DELETE` of a session it does not hold, as to any
+//!   other request naming one, where rmcp answers `202`;
 //! - answers a body that is not a JSON-RPC message with `400` and a JSON-RPC
 //!   parse or invalid-request error, where rmcp gives `415`;
 //! - answers `/mcp`, and `/metrics` when metrics are served here
@@ -49,6 +51,9 @@ use super::metrics::{self, Endpoint, METRICS_PATH};
 use rebinding::Rebinding;
 
 mod rebinding;
+
+/// The header that names an older client's session.
+const SESSION_ID: &str = "mcp-session-id";
 
 /// The path the server answers on.
 pub const MCP_PATH: &str = "/mcp";
@@ -233,11 +238,8 @@ pub async fn serve(
         .enforce_origin_validation()
         .with_max_request_body_bytes(bytes_of_kib(args.max_body_kib))
         .with_cancellation_token(cancel.child_token());
-    let mcp = StreamableHttpService::new(
-        move || Ok(server.for_client()),
-        Arc::new(LocalSessionManager::default()),
-        config,
-    );
+    let sessions = Arc::new(LocalSessionManager::default());
+    let mcp = StreamableHttpService::new(move || Ok(server.for_client()), sessions.clone(), config);
     let listener =
         tokio::net::TcpListener::bind(addr).await.with_context(|| format!("failed to listen on {addr}"))?;
     let bound = listener.local_addr()?;
@@ -255,7 +257,7 @@ pub async fn serve(
     let shared = tokio::runtime::Handle::current();
     let max_body = bytes_of_kib(args.max_body_kib);
     let idle = Duration::from_secs(args.idle_timeout_secs);
-    let gate = Arc::new(Gate { token, metrics, rebinding, max_body, idle });
+    let gate = Arc::new(Gate { token, metrics, rebinding, max_body, idle, sessions });
     let connection = Connections { mcp, gate, idle, stopping: stopping.clone(), shared };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let (mut dealt, mut ended) = (Vec::with_capacity(cores), Vec::with_capacity(cores));
@@ -685,6 +687,8 @@ struct Gate {
     max_body: usize,
     /// How long a request's body may send nothing before the request ends.
     idle: Duration,
+    /// The sessions of older clients.
+    sessions: Arc<LocalSessionManager>,
 }
 
 impl Gate {
@@ -737,11 +741,21 @@ impl Gate {
                 format!("Payload Too Large: request body exceeds {} bytes", self.max_body),
             );
         }
+        // rmcp ends a session it does not hold, and says it did.
+        let unknown = match request.headers().get(SESSION_ID).map(header::HeaderValue::to_str) {
+            Some(Ok(id)) if request.method() == hyper::Method::DELETE => {
+                !self.sessions.sessions.read().await.contains_key(id)
+            }
+            _ => false,
+        };
         let stalled = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let version = request.version();
         let (idle, watching) = (self.idle, stalled.clone());
         let request = request.map(|body| Sent { body, idle, deadline: None, stalled: watching });
         let response = mcp_response(request, mcp).await;
+        if unknown && response.status() == StatusCode::ACCEPTED {
+            return plain(StatusCode::NOT_FOUND, "Not Found: Session not found");
+        }
         if !stalled.load(std::sync::atomic::Ordering::Relaxed) {
             return response;
         }
