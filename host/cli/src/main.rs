@@ -26,6 +26,7 @@ macro_rules! outln {
 }
 
 mod commands;
+mod interrupt;
 mod progress;
 mod prompter;
 mod telemetry;
@@ -111,6 +112,12 @@ fn main() -> ExitCode {
         // Nobody is left to read the rest, nor an error: the status is the
         // one a shell gives a command that SIGPIPE ended (128 + 13).
         Err(error) if stdout_gone(&error) => ExitCode::from(141),
+        // Ctrl-C before anything ran: the status a shell gives a command
+        // that SIGINT ended (128 + 2).
+        Err(error) if interrupt::interrupted(&error) => {
+            let _ = writeln!(std::io::stderr().lock(), "keel: {}", interrupt::Interrupted);
+            ExitCode::from(130)
+        }
         Err(error) => {
             // Unlike `eprintln!`, no panic when stderr is gone: the command
             // failed, and its status says so all the same. An error may

@@ -270,6 +270,99 @@ fn a_run_on_a_terminal_says_it_is_loading_plugins_while_it_compiles_them() {
     assert_eq!(message.trim_start_matches("\x1b[2K").trim(), r#""role": "user","#, "{shown}");
 }
 
+/// Wait until `child` has a handler for `SIGINT`: its `/proc/<pid>/status`
+/// counts the signal among those it catches.
+fn wait_for_sigint_handler(child: &mut std::process::Child) {
+    let started = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("keel ended ({status}) before it caught SIGINT");
+        }
+        let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
+        let caught = status.lines().find_map(|line| line.strip_prefix("SigCgt:")).unwrap();
+        if u64::from_str_radix(caught.trim(), 16).unwrap() & (1 << (2 - 1)) != 0 {
+            return;
+        }
+        assert!(started.elapsed() < KEEL_LIMIT, "keel never caught SIGINT");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn ctrl_c_while_the_plugins_load_stops_the_command_before_anything_runs() {
+    let dir = tempfile::tempdir().unwrap();
+    let batch =
+        r#"[{"type":"tool_use","id":"1","name":"write_file","input":{"file_path":"b.txt","content":"x"}}]"#;
+    std::fs::write(dir.path().join("batch.json"), batch).unwrap();
+    // No cache: every bundled tool is compiled, which takes seconds.
+    for args in [&["run", "--no-cache", "batch.json"][..], &["list", "--no-cache"], &["lock", "--no-cache"]] {
+        let mut child = support::keel(dir.path(), &dir.path().join("cache"), args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_sigint_handler(&mut child);
+        // Well into the start: the first plugins compiling.
+        std::thread::sleep(Duration::from_millis(200));
+        support::signal_child(&child, "INT");
+        let status = support::exit_within(&mut child, Duration::from_secs(10));
+        let output = child.wait_with_output().unwrap();
+        assert_eq!(status.code(), Some(130), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!(String::from_utf8_lossy(&output.stderr), "keel: interrupted while starting\n", "{args:?}");
+        assert!(output.stdout.is_empty(), "{args:?}");
+    }
+    assert!(!dir.path().join("b.txt").exists(), "the call ran");
+    assert!(!dir.path().join("keel.lock").exists(), "the lock was written");
+}
+
+#[test]
+fn ctrl_c_once_the_batch_began_interrupts_its_calls_and_the_run_ends_with_their_results() {
+    use std::io::BufRead as _;
+
+    let dir = tempfile::tempdir().unwrap();
+    let batch = r#"[
+        {"type":"tool_use","id":"1","name":"sleep","input":{"ms":60000}},
+        {"type":"tool_use","id":"2","name":"write_file","input":{"file_path":"b.txt","content":"x"}}
+    ]"#;
+    std::fs::write(dir.path().join("batch.json"), batch).unwrap();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
+    let mut child = support::keel(dir.path(), &cache, &["run", "--events", "batch.json"])
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Read on a thread of its own, so a run that never starts the call
+    // fails the test at the bound below rather than hanging it.
+    let (lines, events) = std::sync::mpsc::channel();
+    let stdout = child.stdout.take().unwrap();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            let _ = lines.send(serde_json::from_str::<serde_json::Value>(&line).unwrap());
+        }
+    });
+    let mut seen = Vec::new();
+    while !seen.iter().any(|event: &serde_json::Value| event["type"] == "call_started") {
+        seen.push(events.recv_timeout(KEEL_LIMIT).expect("the sleep starts"));
+    }
+    support::signal_child(&child, "INT");
+    let status = support::exit_within(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+    seen.extend(events.iter());
+    let texts: Vec<&str> = seen
+        .iter()
+        .filter(|event| event["type"] == "tool_result")
+        .map(|event| event["content"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        texts,
+        ["Interrupted: the call was stopped before it finished.", "Interrupted: the call was not started."],
+        "{seen:?}"
+    );
+    assert!(!dir.path().join("b.txt").exists());
+}
+
 #[test]
 fn bench_compares_keel_with_another_stdio_mcp_server() {
     let dir = tempfile::tempdir().unwrap();

@@ -5,6 +5,7 @@ use clap::{Args, ValueEnum};
 use keel_host::pool::definitions::{self, Format};
 
 use super::run::HostArgs;
+use crate::interrupt::CtrlC;
 
 /// Arguments of `keel list`.
 #[derive(Args)]
@@ -33,8 +34,15 @@ enum ListFormat {
 /// by a rule) are not printed; warnings go to stderr.
 pub fn run(args: &ListArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let builder = args.host.builder()?;
-    let host = runtime.block_on(crate::progress::shown(crate::progress::LOADING, builder.build()))?;
+    // Ctrl-C while the plugins load stops the command there.
+    let host = runtime.block_on(async {
+        let mut ctrl_c = CtrlC::listen()?;
+        let builder = args.host.builder()?;
+        ctrl_c
+            .or(async { Ok(crate::progress::shown(crate::progress::LOADING, builder.build()).await?) })
+            .await
+    });
+    let host = crate::interrupt::end(runtime, host)?;
     let pool = host.pool();
     let text = match args.format {
         ListFormat::Anthropic => {

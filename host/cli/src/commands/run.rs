@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 
 use self::record::Recording;
 use super::printable;
+use crate::interrupt::CtrlC;
 use crate::prompter::TerminalPrompter;
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
@@ -130,21 +131,27 @@ pub fn run(args: &RunArgs) -> Result<()> {
     trace::check_reports(&reports, &inputs)?;
     let mut recording = Recording::of_batch(uses.iter().map(|call| (call.id.as_str(), call.name.as_str())));
     let runtime = keel_cli::call_runtime().build()?;
-    let (results, wall) = runtime.block_on(async {
-        let mut builder = args.host.builder_without_config()?.config(config);
-        // With someone at the keyboard a call that needs approval is asked
-        // about; without, it is denied saying so.
-        if let Some(prompter) = TerminalPrompter::if_interactive() {
-            builder = builder.prompter(std::sync::Arc::new(prompter));
-        }
-        let host = crate::progress::shown(crate::progress::LOADING, builder.build()).await?;
+    let outcome = runtime.block_on(async {
+        // Ctrl-C while the plugins load stops the run before any call;
+        // once the batch began, it interrupts the batch.
+        let mut ctrl_c = CtrlC::listen()?;
+        let host = ctrl_c
+            .or(async {
+                let mut builder = args.host.builder_without_config()?.config(config);
+                // With someone at the keyboard a call that needs approval is
+                // asked about; without, it is denied saying so.
+                if let Some(prompter) = TerminalPrompter::if_interactive() {
+                    builder = builder.prompter(std::sync::Arc::new(prompter));
+                }
+                Ok(crate::progress::shown(crate::progress::LOADING, builder.build()).await?)
+            })
+            .await?;
         let started = Instant::now();
         let mut run = host.start_batch(uses, keel_host::context::initial());
         let interrupter = run.interrupter();
         tokio::spawn(async move {
-            if tokio::signal::ctrl_c().await.is_ok() {
-                interrupter.interrupt();
-            }
+            ctrl_c.received().await;
+            interrupter.interrupt();
         });
         let results = if args.events {
             if let Err(error) = print_events(&mut run, &mut recording).await {
@@ -174,7 +181,8 @@ pub fn run(args: &RunArgs) -> Result<()> {
         let wall = started.elapsed();
         host.wait_for_cache_upkeep();
         anyhow::Ok((results, wall))
-    })?;
+    });
+    let (results, wall) = crate::interrupt::end(runtime, outcome)?;
     let errors = results.iter().filter(|result| result.is_error).count();
     let wall_us = u64::try_from(wall.as_micros()).unwrap_or(u64::MAX);
     let summary = stats::summary(&recording, results.len(), errors, wall_us);
@@ -470,8 +478,14 @@ impl HostArgs {
             scope
                 .spawn(|| {
                     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
-                    let pull = registries.pull(reference, resolve);
-                    Ok(runtime.block_on(crate::progress::shown(format!("pulling {reference}"), pull))?)
+                    let pull = async { anyhow::Ok(registries.pull(reference, resolve).await?) };
+                    // Ctrl-C stops a pull as it stops the rest of a start.
+                    let pulled = runtime.block_on(async {
+                        CtrlC::listen()?
+                            .or(crate::progress::shown(format!("pulling {reference}"), pull))
+                            .await
+                    });
+                    crate::interrupt::end(runtime, pulled)
                 })
                 .join()
                 .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
