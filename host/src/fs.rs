@@ -1,6 +1,8 @@
-//! Files written whole or not at all: the one atomic-write helper of the
-//! compile cache, persisted results and golden fixtures, and the write of a
-//! report to whatever path a user named ([`write_to`]).
+//! Files written whole or not at all: the atomic-write helper of the compile
+//! cache, the lock file, pulled plugins and golden fixtures, and the write
+//! of a report to whatever path a user named ([`write_to`]). Persisted
+//! results have their own, which never follows a link
+//! (`budget/persist.rs`).
 
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
