@@ -581,3 +581,31 @@ fn deleting_a_session_the_server_does_not_hold_is_not_found() {
     assert_eq!((again.status, again.body.as_str()), (404, "Not Found: Session not found"));
     assert_eq!(delete("no-such-session").status, 404);
 }
+
+#[test]
+fn past_its_maximum_of_sessions_the_server_refuses_another() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = serve(workspace.path(), &["--max-sessions", "2"]);
+    let open = || request(server.addr, "POST", "/mcp", &[ACCEPT, JSON], &initialize());
+    let first = open();
+    assert_eq!(first.status, 200, "{}", first.body);
+    assert_eq!(open().status, 200);
+    let refused = open();
+    assert_eq!(refused.status, 503, "{}", refused.body);
+    let error = refused.message();
+    assert_eq!(error["id"], 1, "{error}");
+    assert_eq!(
+        error["error"]["message"],
+        "the server holds its maximum of 2 sessions (--max-sessions): end one with DELETE, or use the \
+         stateless 2026-07-28 protocol, which needs none",
+    );
+    // A stateless client is served all the same.
+    let reply = stateless_call(server.addr, &[], "echo", &json!({ "text": "still" }));
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    // A session ended makes room for another.
+    let session = first.header("mcp-session-id").unwrap();
+    let headers = [("mcp-session-id", session), ("mcp-protocol-version", "2025-06-18")];
+    assert_eq!(request(server.addr, "DELETE", "/mcp", &headers, "").status, 202);
+    let reply = open();
+    assert_eq!(reply.status, 200, "{}", reply.body);
+}

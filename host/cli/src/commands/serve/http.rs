@@ -13,6 +13,8 @@
 //!   `408`;
 //! - answers `404` to a `DELETE` of a session it does not hold, as to any
 //!   other request naming one, where rmcp answers `202`;
+//! - refuses an `initialize` with `503` while the server holds
+//!   `--max-sessions` sessions, where rmcp has no bound;
 //! - answers a body that is not a JSON-RPC message with `400` and a JSON-RPC
 //!   parse or invalid-request error, where rmcp gives `415`;
 //! - answers `/mcp`, and `/metrics` when metrics are served here
@@ -94,6 +96,12 @@ pub struct HttpArgs {
     /// connection may stay idle, before it is cut off.
     #[arg(long, value_name = "SECS", default_value_t = 30, requires = "http", value_parser = one_or_more)]
     pub idle_timeout_secs: u64,
+    /// The most sessions of older clients (MCP 2025-11-25 and earlier) held
+    /// at once; an `initialize` past it gets `503`. Each holds about 90 KB
+    /// until its client ends it or leaves it unused for 5 minutes; 0 serves
+    /// stateless clients only.
+    #[arg(long, value_name = "COUNT", default_value_t = 1000, requires = "http")]
+    pub max_sessions: usize,
 }
 
 /// `--allow-host`'s value as a `Host` header names a server: a name or an
@@ -257,7 +265,8 @@ pub async fn serve(
     let shared = tokio::runtime::Handle::current();
     let max_body = bytes_of_kib(args.max_body_kib);
     let idle = Duration::from_secs(args.idle_timeout_secs);
-    let gate = Arc::new(Gate { token, metrics, rebinding, max_body, idle, sessions });
+    let max_sessions = args.max_sessions;
+    let gate = Arc::new(Gate { token, metrics, rebinding, max_body, idle, sessions, max_sessions });
     let connection = Connections { mcp, gate, idle, stopping: stopping.clone(), shared };
     let cores = std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get);
     let (mut dealt, mut ended) = (Vec::with_capacity(cores), Vec::with_capacity(cores));
@@ -306,7 +315,7 @@ struct Connections<S> {
 
 impl<S> Connections<S>
 where
-    S: tower_service::Service<Request<Sent>, Response = Response<Body>, Error = Infallible>
+    S: tower_service::Service<Request<ToRmcp>, Response = Response<Body>, Error = Infallible>
         + Clone
         + Send
         + 'static,
@@ -689,6 +698,8 @@ struct Gate {
     idle: Duration,
     /// The sessions of older clients.
     sessions: Arc<LocalSessionManager>,
+    /// The most sessions held at once.
+    max_sessions: usize,
 }
 
 impl Gate {
@@ -697,7 +708,7 @@ impl Gate {
     /// answered here.
     async fn answer<S>(&self, request: Request<Incoming>, mcp: &mut S) -> Response<Body>
     where
-        S: tower_service::Service<Request<Sent>, Response = Response<Body>, Error = Infallible>,
+        S: tower_service::Service<Request<ToRmcp>, Response = Response<Body>, Error = Infallible>,
     {
         let path = request.uri().path();
         let metrics = self.metrics.as_ref().filter(|_| path == METRICS_PATH);
@@ -752,7 +763,10 @@ impl Gate {
         let version = request.version();
         let (idle, watching) = (self.idle, stalled.clone());
         let request = request.map(|body| Sent { body, idle, deadline: None, stalled: watching });
-        let response = mcp_response(request, mcp).await;
+        let response = match self.within_sessions(request).await {
+            Ok(request) => mcp_response(request, mcp).await,
+            Err(response) => response,
+        };
         if unknown && response.status() == StatusCode::ACCEPTED {
             return plain(StatusCode::NOT_FOUND, "Not Found: Session not found");
         }
@@ -769,13 +783,75 @@ impl Gate {
         }
         response
     }
+
+    /// `request` as rmcp is to get it, or what it is answered here: an
+    /// `initialize`, which would open a session, while the server holds
+    /// `max_sessions` of them. Only then is a request that names no session
+    /// read here, to see what it asks; the sessions a moment's concurrent
+    /// `initialize` requests open may pass the bound by as many.
+    async fn within_sessions(&self, request: Request<Sent>) -> Result<Request<ToRmcp>, Response<Body>> {
+        let may_open = request.method() == hyper::Method::POST && !request.headers().contains_key(SESSION_ID);
+        if !may_open || self.sessions.sessions.read().await.len() < self.max_sessions {
+            return Ok(request.map(http_body_util::Either::Left));
+        }
+        let (parts, body) = request.into_parts();
+        let body = match http_body_util::Limited::new(body, self.max_body).collect().await {
+            Ok(body) => body.to_bytes(),
+            Err(error) if error.is::<http_body_util::LengthLimitError>() => {
+                return Err(plain(
+                    StatusCode::PAYLOAD_TOO_LARGE,
+                    format!("Payload Too Large: request body exceeds {} bytes", self.max_body),
+                ));
+            }
+            Err(error) => {
+                return Err(plain(
+                    StatusCode::BAD_REQUEST,
+                    format!("failed to read the request body: {error}\n"),
+                ));
+            }
+        };
+        /// What of a message tells an `initialize` request.
+        #[derive(serde::Deserialize)]
+        struct Opening {
+            method: Option<String>,
+            id: Option<serde_json::Value>,
+        }
+        match serde_json::from_slice::<Opening>(&body) {
+            Ok(Opening { method: Some(method), id: Some(id) }) if method == "initialize" => {
+                let message = format!(
+                    "the server holds its maximum of {} sessions (--max-sessions): end one with DELETE, or use \
+                     the stateless 2026-07-28 protocol, which needs none",
+                    self.max_sessions
+                );
+                tracing::debug!("refused an initialize: {message}");
+                let error = serde_json::json!({
+                    "jsonrpc": "2.0", "id": id, "error": { "code": SESSIONS_FULL, "message": message }
+                });
+                let mut response = Response::new(Full::new(Bytes::from(error.to_string())).boxed());
+                *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                response
+                    .headers_mut()
+                    .insert(header::CONTENT_TYPE, header::HeaderValue::from_static("application/json"));
+                Err(response)
+            }
+            _ => Ok(Request::from_parts(parts, http_body_util::Either::Right(Full::new(body)))),
+        }
+    }
 }
+
+/// The JSON-RPC error code of an `initialize` refused for the sessions the
+/// server holds: one of those JSON-RPC leaves to a server's own errors.
+const SESSIONS_FULL: i32 = -32000;
+
+/// A request's body as rmcp gets it: as it comes from the connection, or
+/// already read whole ([`Gate::within_sessions`]).
+type ToRmcp = http_body_util::Either<Sent, Full<Bytes>>;
 
 /// rmcp's answer to `request`, a `415` for a body it cannot read made a
 /// `400` ([`unreadable_body`]).
-async fn mcp_response<S>(request: Request<Sent>, mcp: &mut S) -> Response<Body>
+async fn mcp_response<S>(request: Request<ToRmcp>, mcp: &mut S) -> Response<Body>
 where
-    S: tower_service::Service<Request<Sent>, Response = Response<Body>, Error = Infallible>,
+    S: tower_service::Service<Request<ToRmcp>, Response = Response<Body>, Error = Infallible>,
 {
     let response = match mcp.call(request).await {
         Ok(response) => response,
@@ -928,6 +1004,7 @@ mod tests {
         let given = Cli::parse_from(["keel", "--http", "127.0.0.1:9000"]);
         assert_eq!(given.http.http, Some("127.0.0.1:9000".parse().unwrap()));
         assert_eq!(Cli::parse_from(["keel"]).http.http, None, "stdio unless asked");
+        assert_eq!(alone.http.max_sessions, 1000);
         for flag in ["--max-body-kib", "--idle-timeout-secs"] {
             let error = Cli::try_parse_from(["keel", "--http", flag, "0"]).err().unwrap().to_string();
             assert!(error.contains("must be 1 or more"), "{flag}: {error}");
