@@ -132,6 +132,13 @@ impl Case {
         };
         let max_input = config.limits.apply(keel_host::Limits::default()).input;
         let uses = parse_batch_bytes(&bytes, &batch_path.display().to_string(), max_input)?;
+        if let Some(target) = &driver.interrupt_on_progress
+            && !uses.iter().any(|tool_use| &tool_use.id == target)
+        {
+            let reason =
+                format!("`interrupt_on_progress` names {target:?}, which is no tool_use id of {BATCH}");
+            return Err(Error::Config { path: self.dir.join("case.toml"), reason });
+        }
         let workspace =
             tempfile::tempdir().map_err(|error| Error::io("create", std::env::temp_dir(), error))?;
         let source = self.dir.join("workspace");
@@ -176,7 +183,16 @@ impl Case {
             return Ok(Driver::default());
         }
         let text = std::fs::read_to_string(&path).map_err(|error| Error::io("read", &path, error))?;
-        read_toml(&text).map_err(|reason| Error::Config { path, reason })
+        let driver: Driver =
+            read_toml(&text).map_err(|reason| Error::Config { path: path.clone(), reason })?;
+        if let Some(file) = driver.generate.iter().find(|file| !stays_below(&file.path)) {
+            let reason = format!(
+                "a `generate` path is relative and stays inside the workspace, which {} does not",
+                file.path.display()
+            );
+            return Err(Error::Config { path, reason });
+        }
+        Ok(driver)
     }
 
     /// Compare with the expectations on disk: `Ok` when both match, else a
@@ -298,12 +314,24 @@ fn to_line(event: &Event) -> String {
     serde_json::to_string(event).expect("events serialize")
 }
 
+/// Whether `path` is relative and never climbs out of where it is joined.
+fn stays_below(path: &Path) -> bool {
+    path.components()
+        .all(|part| matches!(part, std::path::Component::Normal(_) | std::path::Component::CurDir))
+}
+
+/// Copy the tree `from` into `to`, a symbolic link as a link (to the same
+/// target), so that the run meets the links a case holds as `keel run` would.
 fn copy_tree(from: &Path, to: &Path) -> Result<()> {
     let entries = std::fs::read_dir(from).map_err(|error| Error::io("read", from, error))?;
     for entry in entries {
         let entry = entry.map_err(|error| Error::io("read", from, error))?;
         let (source, target) = (entry.path(), to.join(entry.file_name()));
-        if source.is_dir() {
+        let kind = entry.file_type().map_err(|error| Error::io("read", &source, error))?;
+        if kind.is_symlink() {
+            let link = std::fs::read_link(&source).map_err(|error| Error::io("read", &source, error))?;
+            copy_link(&link, &target)?;
+        } else if kind.is_dir() {
             std::fs::create_dir_all(&target).map_err(|error| Error::io("create", &target, error))?;
             copy_tree(&source, &target)?;
         } else {
@@ -311,6 +339,16 @@ fn copy_tree(from: &Path, to: &Path) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(unix)]
+fn copy_link(link: &Path, target: &Path) -> Result<()> {
+    std::os::unix::fs::symlink(link, target).map_err(|error| Error::io("create", target, error))
+}
+
+#[cfg(not(unix))]
+fn copy_link(_: &Path, target: &Path) -> Result<()> {
+    Err(Error::Failed(format!("{}: a case's workspace holds symbolic links only on Unix", target.display())))
 }
 
 #[cfg(test)]
@@ -335,6 +373,54 @@ mod tests {
             content: id.into(),
             structured_content: None,
             is_error: false,
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_workspace_is_copied_with_its_links_as_links() {
+        let case = tempfile::tempdir().unwrap();
+        let outside = tempfile::tempdir().unwrap();
+        std::fs::write(outside.path().join("secret"), "secret").unwrap();
+        std::fs::create_dir(case.path().join("sub")).unwrap();
+        std::fs::write(case.path().join("sub/a.txt"), "a").unwrap();
+        std::os::unix::fs::symlink(outside.path().join("secret"), case.path().join("leak")).unwrap();
+        let copy = tempfile::tempdir().unwrap();
+        copy_tree(case.path(), copy.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(copy.path().join("sub/a.txt")).unwrap(), "a");
+        let leak = copy.path().join("leak");
+        assert!(std::fs::symlink_metadata(&leak).unwrap().file_type().is_symlink(), "a link stays a link");
+        assert_eq!(std::fs::read_link(&leak).unwrap(), outside.path().join("secret"));
+    }
+
+    fn case_of(files: &[(&str, &str)]) -> (tempfile::TempDir, Case) {
+        let dir = tempfile::tempdir().unwrap();
+        for (name, text) in files {
+            std::fs::write(dir.path().join(name), text).unwrap();
+        }
+        let case = Case { name: "c".into(), dir: dir.path().to_path_buf() };
+        (dir, case)
+    }
+
+    #[tokio::test]
+    async fn a_case_that_interrupts_on_a_call_the_batch_lacks_is_refused_naming_it() {
+        let batch = r#"[{"type": "tool_use", "id": "a", "name": "Read", "input": {"file_path": "x"}}]"#;
+        let (_dir, case) = case_of(&[(BATCH, batch), ("case.toml", "interrupt_on_progress = \"nope\"\n")]);
+        let error = case.run(keel_host::Host::builder().cache_dir(None)).await.err().unwrap().to_string();
+        assert!(
+            error.contains("`interrupt_on_progress` names \"nope\", which is no tool_use id of"),
+            "{error}"
+        );
+        assert!(error.contains("case.toml"), "{error}");
+    }
+
+    #[tokio::test]
+    async fn a_case_that_generates_a_file_outside_its_workspace_is_refused() {
+        for path in ["../x.txt", "/tmp/x.txt"] {
+            let toml = format!("[[generate]]\npath = {path:?}\nline = \"x\"\nlines = 1\n");
+            let (_dir, case) = case_of(&[(BATCH, "[]"), ("case.toml", &toml)]);
+            let error = case.run(keel_host::Host::builder().cache_dir(None)).await.err().unwrap().to_string();
+            assert!(error.contains(&format!("which {path} does not")), "{error}");
         }
     }
 
