@@ -455,21 +455,12 @@ async fn is_http2(stream: &tokio::net::TcpStream) -> std::io::Result<bool> {
 }
 
 /// The bytes waiting to be read from `stream`, copied into `into` and left
-/// there, without waiting for any.
+/// there, without waiting for any: through a second handle on the same
+/// socket, which std peeks through and which shares the socket's
+/// non-blocking mode, so that it fails with `WouldBlock` when none wait.
 fn peek(stream: &tokio::net::TcpStream, into: &mut [u8]) -> std::io::Result<usize> {
-    use std::os::fd::AsRawFd as _;
-    // SAFETY: `recv` writes at most `into.len()` bytes to `into`, which is
-    // borrowed mutably for the call, and reads from a descriptor `stream`
-    // holds open for the call.
-    let peeked = unsafe {
-        libc::recv(
-            stream.as_raw_fd(),
-            into.as_mut_ptr().cast(),
-            into.len(),
-            libc::MSG_PEEK | libc::MSG_DONTWAIT,
-        )
-    };
-    usize::try_from(peeked).map_err(|_| std::io::Error::last_os_error())
+    use std::os::fd::AsFd as _;
+    std::net::TcpStream::from(stream.as_fd().try_clone_to_owned()?).peek(into)
 }
 
 /// The next connection `listener` accepts. A failed accept of one
