@@ -188,6 +188,40 @@ fn a_forged_host_or_origin_and_an_oversized_body_are_refused() {
 }
 
 #[test]
+fn a_page_the_server_answers_to_may_call_it_from_a_browser_and_no_other_page_may() {
+    let workspace = tempfile::tempdir().unwrap();
+    let token = workspace.path().join("token");
+    std::fs::write(&token, "s3cret-token\n").unwrap();
+    let server = serve(workspace.path(), &["--token-file", token.to_str().unwrap()]);
+    let page = ("origin", "http://localhost:5173");
+    let preflight = [
+        page,
+        ("access-control-request-method", "POST"),
+        ("access-control-request-headers", "content-type, mcp-protocol-version, authorization"),
+    ];
+    // A browser asks first, without the token.
+    let reply = request(server.addr, "OPTIONS", "/mcp", &preflight, "");
+    assert_eq!(reply.status, 204, "{}", reply.body);
+    assert_eq!(reply.header("access-control-allow-origin"), Some("http://localhost:5173"));
+    assert!(reply.header("access-control-allow-methods").unwrap().contains("POST"));
+    let allowed = reply.header("access-control-allow-headers").unwrap();
+    for name in ["content-type", "mcp-protocol-version", "authorization", "mcp-session-id"] {
+        assert!(allowed.contains(name), "{name} in {allowed}");
+    }
+    // Its call then gets a reply the page may read, session id and all.
+    let bearer = ("authorization", "Bearer s3cret-token");
+    let reply = request(server.addr, "POST", "/mcp", &[ACCEPT, JSON, page, bearer], &initialize());
+    assert_eq!(reply.status, 200, "{}", reply.body);
+    assert_eq!(reply.header("access-control-allow-origin"), Some("http://localhost:5173"));
+    assert!(reply.header("access-control-expose-headers").unwrap().contains("mcp-session-id"));
+    // A page of another site is refused, and told nothing it could read.
+    let evil = ("origin", "http://evil.example");
+    let reply = request(server.addr, "OPTIONS", "/mcp", &[evil, preflight[1], preflight[2]], "");
+    assert_ne!(reply.status, 204, "{}", reply.body);
+    assert_eq!(reply.header("access-control-allow-origin"), None);
+}
+
+#[test]
 fn a_body_that_is_not_json_rpc_gets_a_bad_request_with_a_json_rpc_error() {
     let workspace = tempfile::tempdir().unwrap();
     let server = serve(workspace.path(), &[]);

@@ -694,10 +694,50 @@ struct Gate {
 }
 
 impl Gate {
+    /// [`Gate::answer_checked`], with what a browser needs to let a page the
+    /// server answers to call it: a CORS preflight of such a page is
+    /// answered here (before the token, which a browser never sends on
+    /// one), and every reply to such a page names it as allowed and shows it
+    /// the session and protocol headers.
+    async fn answer<S>(&self, request: Request<Incoming>, mcp: &mut S) -> Response<Body>
+    where
+        S: tower_service::Service<Request<ToRmcp>, Response = Response<Body>, Error = Infallible>,
+    {
+        let page = match request.headers().get(header::ORIGIN) {
+            Some(origin) if self.rebinding.check(&request).is_ok() => Some(origin.clone()),
+            _ => None,
+        };
+        if let Some(page) = &page
+            && request.method() == hyper::Method::OPTIONS
+            && request.uri().path() == MCP_PATH
+            && request.headers().contains_key(header::ACCESS_CONTROL_REQUEST_METHOD)
+        {
+            let mut response = Response::new(Full::new(Bytes::new()).boxed());
+            *response.status_mut() = StatusCode::NO_CONTENT;
+            let headers = response.headers_mut();
+            headers
+                .insert(header::ACCESS_CONTROL_ALLOW_METHODS, header::HeaderValue::from_static(CORS_METHODS));
+            headers
+                .insert(header::ACCESS_CONTROL_ALLOW_HEADERS, header::HeaderValue::from_static(CORS_HEADERS));
+            headers.insert(header::ACCESS_CONTROL_MAX_AGE, header::HeaderValue::from_static("600"));
+            return allowed_page(response, page.clone());
+        }
+        let response = self.answer_checked(request, mcp).await;
+        match page {
+            Some(page) => {
+                let mut response = allowed_page(response, page);
+                let exposed = header::HeaderValue::from_static(CORS_EXPOSED);
+                response.headers_mut().insert(header::ACCESS_CONTROL_EXPOSE_HEADERS, exposed);
+                response
+            }
+            None => response,
+        }
+    }
+
     /// `/mcp`, then the token and the `Host` and `Origin` checks, then rmcp;
     /// `/metrics` the same way when it is served here; anything else
     /// answered here.
-    async fn answer<S>(&self, request: Request<Incoming>, mcp: &mut S) -> Response<Body>
+    async fn answer_checked<S>(&self, request: Request<Incoming>, mcp: &mut S) -> Response<Body>
     where
         S: tower_service::Service<Request<ToRmcp>, Response = Response<Body>, Error = Infallible>,
     {
@@ -965,6 +1005,26 @@ fn bearer(value: Option<&header::HeaderValue>, token: &[u8]) -> Bearer {
 fn refused(refusal: &rebinding::Refusal) -> Response<Body> {
     tracing::debug!("refused a request: {}", refusal.text().trim_end());
     plain(StatusCode::FORBIDDEN, refusal.text())
+}
+
+/// The methods a page may call `/mcp` with.
+const CORS_METHODS: &str = "GET, POST, DELETE";
+
+/// The request headers a page may send `/mcp`: MCP's own, the body's type
+/// and what it accepts, and the bearer token.
+const CORS_HEADERS: &str = "authorization, content-type, accept, last-event-id, mcp-protocol-version, \
+     mcp-session-id, mcp-method, mcp-name";
+
+/// The reply headers a page may read: MCP's own.
+const CORS_EXPOSED: &str = "mcp-session-id, mcp-protocol-version, www-authenticate";
+
+/// `response`, to a page the server answers to, naming that page as allowed
+/// to read it.
+fn allowed_page(mut response: Response<Body>, page: header::HeaderValue) -> Response<Body> {
+    let headers = response.headers_mut();
+    headers.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, page);
+    headers.append(header::VARY, header::HeaderValue::from_static("origin"));
+    response
 }
 
 /// A plain-text response.
