@@ -34,6 +34,7 @@ use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use tokio::net::TcpStream;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 use crate::limits::{LimitKind, Limits, human_bytes};
@@ -422,6 +423,28 @@ fn head_len<B>(request: &Request<B>) -> usize {
 }
 
 impl WasiHttpHooks for Egress {
+    /// A failed handshake is the tool's to report, with the reason (a
+    /// certificate its roots do not trust, or not for the name asked),
+    /// where `tls-protocol-error` alone says nothing of it.
+    fn p2_error_from_tls(&mut self, error: &std::io::Error) -> ErrorCode {
+        tracing::debug!(plugin = &*self.plugin, "a TLS handshake failed: {error}");
+        ErrorCode::InternalError(Some(format!("the TLS handshake failed: {error}")))
+    }
+
+    /// As wasmtime answers them, logged as what a tool's server did, not as
+    /// the host's warning.
+    fn p2_error_from_hyper(&mut self, error: &hyper::Error) -> ErrorCode {
+        tracing::debug!(plugin = &*self.plugin, "an HTTP exchange failed: {error}");
+        ErrorCode::HttpProtocolError
+    }
+
+    /// As wasmtime answers them, logged as what a tool's server did, not as
+    /// the host's warning.
+    fn p2_error_from_connect(&mut self, error: &std::io::Error) -> ErrorCode {
+        tracing::debug!(plugin = &*self.plugin, "a connection failed: {error}");
+        ErrorCode::ConnectionRefused
+    }
+
     fn send_request(
         &mut self,
         mut request: Request<WasiBody>,
