@@ -75,7 +75,7 @@ fn dispatch(
         std::io::stderr().is_terminal() && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty());
     let verbose = filter.max_level_hint().is_some_and(|level| level >= LevelFilter::DEBUG);
     let logs = tracing_subscriber::fmt::layer()
-        .with_writer(std::io::stderr)
+        .with_writer(|| OneLine(std::io::stderr()))
         .with_ansi(colour)
         .event_format(ClientsDoing { format: tracing_subscriber::fmt::format().with_target(false), verbose });
     let registry = tracing_subscriber::registry().with(logs.with_filter(filter));
@@ -84,6 +84,41 @@ fn dispatch(
         return tracing::Dispatch::new(registry.with(otlp::layer(provider)));
     }
     tracing::Dispatch::new(registry)
+}
+
+/// A log writer that keeps each event to one line: a line break inside an
+/// event's text (a request id a client chose may hold one, and rmcp logs ids
+/// as they are) is written as `\n` (`\r` as `\r`), so that nothing logged
+/// can pass for a line of its own. Each event comes in one write, its own
+/// line break last.
+struct OneLine<W>(W);
+
+impl<W: std::io::Write> std::io::Write for OneLine<W> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        let (text, end) = match bytes.strip_suffix(b"\n") {
+            Some(text) => (text, &b"\n"[..]),
+            None => (bytes, &b""[..]),
+        };
+        if !text.iter().any(|&byte| byte == b'\n' || byte == b'\r') {
+            self.0.write_all(bytes)?;
+            return Ok(bytes.len());
+        }
+        let mut line = Vec::with_capacity(bytes.len() + 16);
+        for &byte in text {
+            match byte {
+                b'\n' => line.extend_from_slice(b"\\n"),
+                b'\r' => line.extend_from_slice(b"\\r"),
+                byte => line.push(byte),
+            }
+        }
+        line.extend_from_slice(end);
+        self.0.write_all(&line)?;
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.0.flush()
+    }
 }
 
 /// Leaves out, below DEBUG, what rmcp logs of a client's doing rather than
@@ -272,6 +307,27 @@ mod tests {
         assert!(quiet.contains("fail to response message") && quiet.contains("keel::serve"), "{quiet}");
         let verbose = log(true);
         assert!(verbose.contains("method not found") && verbose.contains("channel closed"), "{verbose}");
+    }
+
+    #[test]
+    fn a_line_break_in_what_is_logged_cannot_start_a_line_of_its_own() {
+        use tracing_subscriber::layer::SubscriberExt as _;
+        let written = Arc::new(Mutex::new(Vec::new()));
+        let writer = {
+            let written = written.clone();
+            move || OneLine(Written(written.clone()))
+        };
+        let logs = tracing_subscriber::fmt::layer().with_writer(writer).with_ansi(false);
+        let subscriber = tracing_subscriber::registry().with(logs.with_filter(EnvFilter::new("debug")));
+        tracing::subscriber::with_default(subscriber, || {
+            let id = "7\n2026-12-07T00:00:00.000000Z ERROR forged\r";
+            tracing::debug!(target: "rmcp::service", "received request {id}");
+            tracing::warn!("a plain line");
+        });
+        let log = String::from_utf8(written.lock().unwrap().clone()).unwrap();
+        assert_eq!(log.lines().count(), 2, "{log}");
+        assert!(log.contains("received request 7\\n2026-12-07T00:00:00.000000Z ERROR forged\\r\n"), "{log}");
+        assert!(log.ends_with("a plain line\n"), "{log}");
     }
 
     /// A log writer into shared bytes.
