@@ -10,9 +10,9 @@ use serde::Deserialize;
 /// Longest sleep one call may ask for.
 pub const MAX_MS: u64 = 600_000;
 
-/// Most steps one call may ask for: a progress report every 60 ms of the
-/// longest sleep, far more than a person reads.
-pub const MAX_STEPS: u32 = 10_000;
+/// Most steps one call may ask for: a progress report a millisecond over
+/// the longest sleep.
+pub const MAX_STEPS: u32 = 600_000;
 
 /// Input of `sleep`.
 #[derive(Debug, Deserialize, JsonSchema)]
@@ -101,6 +101,6 @@ mod tests {
         let error =
             Sleep::validate_input(&Input { ms: 1, steps: Some(u32::MAX) }, &Context::workspace_root())
                 .unwrap_err();
-        assert_eq!(error.message(), "`steps` must be at most 10000");
+        assert_eq!(error.message(), "`steps` must be at most 600000");
     }
 }
