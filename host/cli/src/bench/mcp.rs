@@ -343,6 +343,15 @@ struct Server {
     reply_within: Duration,
 }
 
+/// Whether `error`, or an error it came of, is a write to a closed pipe.
+fn is_broken_pipe(error: &(dyn std::error::Error + 'static)) -> bool {
+    std::iter::successors(Some(error), |error| error.source()).any(|error| {
+        error
+            .downcast_ref::<std::io::Error>()
+            .is_some_and(|error| error.kind() == std::io::ErrorKind::BrokenPipe)
+    })
+}
+
 impl Server {
     async fn spawn(command: tokio::process::Command, workspace: &Path, keel: &Path) -> Result<Self> {
         Server::connect(command, workspace, PATIENCE).await.map_err(|cause| failed(keel, cause))
@@ -362,7 +371,13 @@ impl Server {
         // Dropped unanswered, the transport kills the server.
         match tokio::time::timeout(patience.handshake, ().serve(transport)).await {
             Ok(Ok(client)) => Ok(Server { client, pid, reply_within: patience.reply }),
+            // Gone before `initialize` was read: whether its output's end or
+            // its input's came first (the request then meets a closed pipe)
+            // is the scheduler's choice.
             Ok(Err(ClientInitializeError::ConnectionClosed(_))) => {
+                Err("it closed its stdout without answering `initialize`".to_string())
+            }
+            Ok(Err(ClientInitializeError::TransportError { error, .. })) if is_broken_pipe(&*error.error) => {
                 Err("it closed its stdout without answering `initialize`".to_string())
             }
             Ok(Err(error)) => Err(error.to_string()),
