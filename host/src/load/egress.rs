@@ -201,7 +201,7 @@ impl Sender {
         match self {
             Sender::Http1(sender) => {
                 // The request line carries the path (made absolute by
-                // `with_absolute_path`); the authority went in Host.
+                // `make_path_absolute`); the authority went in Host.
                 *request.uri_mut() = request
                     .uri()
                     .path_and_query()
@@ -288,11 +288,12 @@ impl Egress {
         Scrubber::new(&self.grant)
     }
 
-    /// Check `request`, the `attempt`-th the sandbox sent (from 0), against
+    /// Check `request` (to `url`), the `attempt`-th the sandbox sent (from
+    /// 0), against
     /// the request cap, whether the network is open, the policy, and the
     /// bytes-sent cap, which its URL and headers count against; on refusal,
     /// the reason.
-    fn admit(&self, request: &Request<WasiBody>, attempt: usize) -> Result<Target, String> {
+    fn admit(&self, request: &Request<WasiBody>, url: &str, attempt: usize) -> Result<Target, String> {
         if attempt >= self.limits.network_requests {
             return Err(limit_hit(&self.limits, LimitKind::NetworkRequests));
         }
@@ -301,14 +302,10 @@ impl Egress {
         }
         let (target, rule) = check(&self.grant, request)?;
         tracing::trace!(plugin = &*self.plugin, %rule, "network request admitted");
-        let head = head_len(request);
+        let head = head_len(request, url);
         let sent = self.usage().sent.fetch_add(head, Ordering::Relaxed) + head;
         if sent > self.limits.network_sent {
-            return Err(format!(
-                "{} of {} reached",
-                LimitKind::NetworkSent,
-                human_bytes(self.limits.network_sent)
-            ));
+            return Err(limit_hit(&self.limits, LimitKind::NetworkSent));
         }
         Ok(target)
     }
@@ -395,31 +392,31 @@ fn target_of<B>(request: &Request<B>) -> Result<Target, String> {
     Ok(Target { scheme, host, port })
 }
 
-/// `uri` with a path that begins with `/`: `wasi:http` takes a path and
+/// Make the path of `uri` begin with `/`: `wasi:http` takes a path and
 /// query such as `?q=1`, which HTTP/1.1's request line and HTTP/2's `:path`
-/// must carry as `/?q=1`.
-fn with_absolute_path(uri: &http::Uri) -> Result<http::Uri, String> {
-    match uri.path_and_query() {
-        Some(path) if !path.as_str().starts_with('/') => {
-            let mut parts = uri.clone().into_parts();
-            parts.path_and_query = Some(
-                format!("/{}", path.as_str())
-                    .parse()
-                    .map_err(|error| format!("the path of {uri} is not valid: {error}"))?,
-            );
-            http::Uri::from_parts(parts).map_err(|error| format!("{uri} is not a valid URL: {error}"))
-        }
-        _ => Ok(uri.clone()),
-    }
+/// must carry as `/?q=1`. A path that begins with `/` is left as it is.
+fn make_path_absolute(uri: &mut http::Uri) -> Result<(), String> {
+    let Some(path) = uri.path_and_query().filter(|path| !path.as_str().starts_with('/')) else {
+        return Ok(());
+    };
+    let absolute = format!("/{}", path.as_str())
+        .parse()
+        .map_err(|error| format!("the path of {uri} is not valid: {error}"))?;
+    let named = uri.to_string();
+    let mut parts = std::mem::take(uri).into_parts();
+    parts.path_and_query = Some(absolute);
+    *uri = http::Uri::from_parts(parts).map_err(|error| format!("{named} is not a valid URL: {error}"))?;
+    Ok(())
 }
 
 /// The bytes of a request's head the guest chose, as they count against
-/// the bytes-sent cap: its method, its URL and each header's name and
-/// value, each with the separators HTTP/1.1 writes around them.
-fn head_len<B>(request: &Request<B>) -> usize {
+/// the bytes-sent cap: its method, its URL (`url`, as written) and each
+/// header's name and value, each with the separators HTTP/1.1 writes around
+/// them.
+fn head_len<B>(request: &Request<B>, url: &str) -> usize {
     let headers: usize =
         request.headers().iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
-    request.method().as_str().len() + request.uri().to_string().len() + 12 + headers
+    request.method().as_str().len() + url.len() + 12 + headers
 }
 
 impl WasiHttpHooks for Egress {
@@ -464,8 +461,8 @@ impl WasiHttpHooks for Egress {
             }
             Box::new(async move { Err(refusal_error(reason)) })
         };
-        let target = match self.admit(&request, attempt).and_then(|target| {
-            *request.uri_mut() = with_absolute_path(request.uri())?;
+        let target = match self.admit(&request, &url, attempt).and_then(|target| {
+            make_path_absolute(request.uri_mut())?;
             Ok(target)
         }) {
             Ok(target) => target,
