@@ -703,8 +703,9 @@ impl Gate {
     where
         S: tower_service::Service<Request<ToRmcp>, Response = Response<Body>, Error = Infallible>,
     {
+        let checked = self.rebinding.check(&request);
         let page = match request.headers().get(header::ORIGIN) {
-            Some(origin) if self.rebinding.check(&request).is_ok() => Some(origin.clone()),
+            Some(origin) if checked.is_ok() => Some(origin.clone()),
             _ => None,
         };
         if let Some(page) = &page
@@ -722,7 +723,7 @@ impl Gate {
             headers.insert(header::ACCESS_CONTROL_MAX_AGE, header::HeaderValue::from_static("600"));
             return allowed_page(response, page.clone());
         }
-        let response = self.answer_checked(request, mcp).await;
+        let response = self.answer_checked(request, checked, mcp).await;
         match page {
             Some(page) => {
                 let mut response = allowed_page(response, page);
@@ -734,10 +735,15 @@ impl Gate {
         }
     }
 
-    /// `/mcp`, then the token and the `Host` and `Origin` checks, then rmcp;
-    /// `/metrics` the same way when it is served here; anything else
-    /// answered here.
-    async fn answer_checked<S>(&self, request: Request<Incoming>, mcp: &mut S) -> Response<Body>
+    /// `/mcp`, then the token and the `Host` and `Origin` checks (`checked`,
+    /// their outcome), then rmcp; `/metrics` the same way when it is served
+    /// here; anything else answered here.
+    async fn answer_checked<S>(
+        &self,
+        request: Request<Incoming>,
+        checked: Result<(), rebinding::Refusal>,
+        mcp: &mut S,
+    ) -> Response<Body>
     where
         S: tower_service::Service<Request<ToRmcp>, Response = Response<Body>, Error = Infallible>,
     {
@@ -768,7 +774,7 @@ impl Gate {
                 return response;
             }
         }
-        if let Err(refusal) = self.rebinding.check(&request) {
+        if let Err(refusal) = checked {
             return refused(&refusal);
         }
         if let Some(endpoint) = metrics {
@@ -778,10 +784,7 @@ impl Gate {
         // rmcp would once it had read that much.
         let declared = request.body().size_hint().lower();
         if !usize::try_from(declared).is_ok_and(|declared| declared <= self.max_body) {
-            return plain(
-                StatusCode::PAYLOAD_TOO_LARGE,
-                format!("Payload Too Large: request body exceeds {} bytes", self.max_body),
-            );
+            return self.too_large();
         }
         // rmcp ends a session it does not hold, and says it did.
         let unknown = match request.headers().get(SESSION_ID).map(header::HeaderValue::to_str) {
@@ -815,6 +818,14 @@ impl Gate {
         response
     }
 
+    /// The `413` of a body over the cap, in rmcp's words for it.
+    fn too_large(&self) -> Response<Body> {
+        plain(
+            StatusCode::PAYLOAD_TOO_LARGE,
+            format!("Payload Too Large: request body exceeds {} bytes", self.max_body),
+        )
+    }
+
     /// `request` as rmcp is to get it, or what it is answered here: an
     /// `initialize`, which would open a session, while the server holds
     /// `max_sessions` of them. Only then is a request that names no session
@@ -828,12 +839,7 @@ impl Gate {
         let (parts, body) = request.into_parts();
         let body = match http_body_util::Limited::new(body, self.max_body).collect().await {
             Ok(body) => body.to_bytes(),
-            Err(error) if error.is::<http_body_util::LengthLimitError>() => {
-                return Err(plain(
-                    StatusCode::PAYLOAD_TOO_LARGE,
-                    format!("Payload Too Large: request body exceeds {} bytes", self.max_body),
-                ));
-            }
+            Err(error) if error.is::<http_body_util::LengthLimitError>() => return Err(self.too_large()),
             Err(error) => {
                 return Err(plain(
                     StatusCode::BAD_REQUEST,
