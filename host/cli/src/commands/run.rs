@@ -123,12 +123,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let uses = parse_batch_bytes(&bytes, &origin, config.limits.apply(Limits::default()).input)?;
     // A file that cannot be written is found before the batch runs, and so
     // is a report that would replace what the run reads, or the other report.
-    let mut inputs = args.host.inputs(config_path.as_deref())?;
-    if args.batch != "-" {
-        inputs.push((PathBuf::from(&args.batch), "the batch"));
-    }
+    let inputs = || {
+        let mut inputs = args.host.inputs(config_path.as_deref())?;
+        if args.batch != "-" {
+            inputs.push((PathBuf::from(&args.batch), "the batch"));
+        }
+        Ok(inputs)
+    };
     let reports = [("--trace", "trace", &args.trace), ("--timeline", "timeline", &args.timeline)];
-    trace::check_reports(&reports, &inputs)?;
+    trace::check_reports(&reports, inputs)?;
     let mut recording = Recording::of_batch(uses.iter().map(|call| (call.id.as_str(), call.name.as_str())));
     let runtime = keel_cli::call_runtime().build()?;
     let outcome = runtime.block_on(async {

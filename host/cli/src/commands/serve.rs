@@ -99,7 +99,7 @@ async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
     // A report that cannot be written, or would replace what the server
     // reads or the other report, is refused before anything loads.
     let reports = [("--events", "events file", &args.events), ("--trace", "trace", &args.trace)];
-    super::run::trace::check_reports(&reports, &args.host.inputs(config_path.as_deref())?)?;
+    super::run::trace::check_reports(&reports, || args.host.inputs(config_path.as_deref()))?;
     // Calls that need approval ask the user of the client that made them.
     let prompter = approval::ClientPrompter::default();
     // One session directory for the server's life, reloads included:

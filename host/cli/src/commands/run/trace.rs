@@ -193,12 +193,20 @@ fn may_write(path: &Path) -> std::io::Result<()> {
 
 /// Refuse, before anything runs, a report file (each given by its flag,
 /// what it is called in errors, and its path if asked for) that names one
-/// of `inputs` (each with what it is) or the file of a report before it,
-/// since it would replace what the command reads or what the other report
-/// wrote; then one that cannot be written ([`check_writable`]).
-pub fn check_reports(reports: &[(&str, &str, &Option<PathBuf>)], inputs: &[(PathBuf, &str)]) -> Result<()> {
+/// of `inputs` (each with what it is; listed only when a report is asked
+/// for) or the file of a report before it, since it would replace what the
+/// command reads or what the other report wrote; then one that cannot be
+/// written ([`check_writable`]).
+pub fn check_reports(
+    reports: &[(&str, &str, &Option<PathBuf>)],
+    inputs: impl FnOnce() -> Result<Vec<(PathBuf, &'static str)>>,
+) -> Result<()> {
     let reports: Vec<(&str, &str, &Path)> =
         reports.iter().filter_map(|(flag, what, path)| Some((*flag, *what, path.as_deref()?))).collect();
+    if reports.is_empty() {
+        return Ok(());
+    }
+    let inputs = inputs()?;
     for (index, &(flag, _, path)) in reports.iter().enumerate() {
         if let Some((_, what)) = inputs.iter().find(|(input, _)| same_file(path, input)) {
             bail!("{flag} {} is {what}; give the report a file of its own", path.display());
