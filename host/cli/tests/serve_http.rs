@@ -25,6 +25,13 @@ fn serve(workspace: &Path, flags: &[&str]) -> Serving {
     support::serve_with(workspace, &TOOLS.map(bundled), flags)
 }
 
+/// [`serve`] behind the bearer `token`, given in a file of `workspace`.
+fn serve_with_token(workspace: &Path, token: &str) -> Serving {
+    let file = workspace.join("token");
+    std::fs::write(&file, format!("{token}\n")).unwrap();
+    serve(workspace, &["--token-file", file.to_str().unwrap()])
+}
+
 #[test]
 fn an_older_client_gets_a_session_and_sees_rich_results_listed() {
     let workspace = tempfile::tempdir().unwrap();
@@ -115,9 +122,7 @@ fn a_stateless_result_comes_as_json_unless_progress_comes_first() {
 #[test]
 fn only_a_request_with_the_right_token_reaches_the_tools() {
     let workspace = tempfile::tempdir().unwrap();
-    let token = workspace.path().join("token");
-    std::fs::write(&token, "s3cret-token\n").unwrap();
-    let server = serve(workspace.path(), &["--token-file", token.to_str().unwrap()]);
+    let server = serve_with_token(workspace.path(), "s3cret-token");
     let echo = json!({ "text": "in" });
     let required = ("a bearer token is required: Authorization: Bearer TOKEN\n", "Bearer realm=\"keel\"");
     let wrong = (
@@ -190,9 +195,7 @@ fn a_forged_host_or_origin_and_an_oversized_body_are_refused() {
 #[test]
 fn a_page_the_server_answers_to_may_call_it_from_a_browser_and_no_other_page_may() {
     let workspace = tempfile::tempdir().unwrap();
-    let token = workspace.path().join("token");
-    std::fs::write(&token, "s3cret-token\n").unwrap();
-    let server = serve(workspace.path(), &["--token-file", token.to_str().unwrap()]);
+    let server = serve_with_token(workspace.path(), "s3cret-token");
     let page = ("origin", "http://localhost:5173");
     let preflight = [
         page,
