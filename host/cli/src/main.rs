@@ -112,11 +112,12 @@ fn main() -> ExitCode {
         // Nobody is left to read the rest, nor an error: the status is the
         // one a shell gives a command that SIGPIPE ended (128 + 13).
         Err(error) if stdout_gone(&error) => ExitCode::from(141),
-        // Ctrl-C before anything ran: the status a shell gives a command
-        // that SIGINT ended (128 + 2).
-        Err(error) if interrupt::interrupted(&error) => {
-            let _ = writeln!(std::io::stderr().lock(), "keel: {}", interrupt::Interrupted);
-            ExitCode::from(130)
+        // A stop signal: stderr says what it stopped (`keel: interrupted
+        // while starting`), and the status is the one a shell gives a
+        // command that signal ended.
+        Err(ref error) if let Some(stopped) = interrupt::stopped(error) => {
+            let _ = writeln!(std::io::stderr().lock(), "keel: {stopped}");
+            ExitCode::from(stopped.signal.status())
         }
         Err(error) => {
             // Unlike `eprintln!`, no panic when stderr is gone: the command

@@ -270,46 +270,54 @@ fn a_run_on_a_terminal_says_it_is_loading_plugins_while_it_compiles_them() {
     assert_eq!(message.trim_start_matches("\x1b[2K").trim(), r#""role": "user","#, "{shown}");
 }
 
-/// Wait until `child` has a handler for `SIGINT`: its `/proc/<pid>/status`
-/// counts the signal among those it catches.
-fn wait_for_sigint_handler(child: &mut std::process::Child) {
+/// Wait until `child` has handlers for `SIGINT` and `SIGTERM`: its
+/// `/proc/<pid>/status` counts both among the signals it catches.
+fn wait_for_stop_handlers(child: &mut std::process::Child) {
+    let both = (1 << (2 - 1)) | (1 << (15 - 1));
     let started = std::time::Instant::now();
     loop {
         if let Some(status) = child.try_wait().unwrap() {
-            panic!("keel ended ({status}) before it caught SIGINT");
+            panic!("keel ended ({status}) before it caught SIGINT and SIGTERM");
         }
         let status = std::fs::read_to_string(format!("/proc/{}/status", child.id())).unwrap();
         let caught = status.lines().find_map(|line| line.strip_prefix("SigCgt:")).unwrap();
-        if u64::from_str_radix(caught.trim(), 16).unwrap() & (1 << (2 - 1)) != 0 {
+        if u64::from_str_radix(caught.trim(), 16).unwrap() & both == both {
             return;
         }
-        assert!(started.elapsed() < KEEL_LIMIT, "keel never caught SIGINT");
+        assert!(started.elapsed() < KEEL_LIMIT, "keel never caught SIGINT and SIGTERM");
         std::thread::sleep(Duration::from_millis(5));
     }
 }
 
 #[test]
-fn ctrl_c_while_the_plugins_load_stops_the_command_before_anything_runs() {
+fn a_stop_signal_while_the_plugins_load_stops_the_command_before_anything_runs() {
     let dir = tempfile::tempdir().unwrap();
     let batch =
         r#"[{"type":"tool_use","id":"1","name":"write_file","input":{"file_path":"b.txt","content":"x"}}]"#;
     std::fs::write(dir.path().join("batch.json"), batch).unwrap();
     // No cache: every bundled tool is compiled, which takes seconds.
-    for args in [&["run", "--no-cache", "batch.json"][..], &["list", "--no-cache"], &["lock", "--no-cache"]] {
+    let interrupted = ("INT", 130, "keel: interrupted while starting\n");
+    let terminated = ("TERM", 143, "keel: stopped by SIGTERM while starting\n");
+    for (args, (signal, code, said)) in [
+        (&["run", "--no-cache", "batch.json"][..], interrupted),
+        (&["run", "--no-cache", "batch.json"], terminated),
+        (&["list", "--no-cache"], interrupted),
+        (&["lock", "--no-cache"], interrupted),
+    ] {
         let mut child = support::keel(dir.path(), &dir.path().join("cache"), args)
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();
-        wait_for_sigint_handler(&mut child);
+        wait_for_stop_handlers(&mut child);
         // Well into the start: the first plugins compiling.
         std::thread::sleep(Duration::from_millis(200));
-        support::signal_child(&child, "INT");
+        support::signal_child(&child, signal);
         let status = support::exit_within(&mut child, Duration::from_secs(10));
         let output = child.wait_with_output().unwrap();
-        assert_eq!(status.code(), Some(130), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
-        assert_eq!(String::from_utf8_lossy(&output.stderr), "keel: interrupted while starting\n", "{args:?}");
+        assert_eq!(status.code(), Some(code), "{args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        assert_eq!(String::from_utf8_lossy(&output.stderr), said, "{args:?} SIG{signal}");
         assert!(output.stdout.is_empty(), "{args:?}");
     }
     assert!(!dir.path().join("b.txt").exists(), "the call ran");
@@ -317,50 +325,63 @@ fn ctrl_c_while_the_plugins_load_stops_the_command_before_anything_runs() {
 }
 
 #[test]
-fn ctrl_c_once_the_batch_began_interrupts_its_calls_and_the_run_ends_with_their_results() {
+fn a_stop_signal_once_the_batch_began_interrupts_its_calls_and_the_run_ends_with_their_results() {
     use std::io::BufRead as _;
 
-    let dir = tempfile::tempdir().unwrap();
-    let batch = r#"[
-        {"type":"tool_use","id":"1","name":"sleep","input":{"ms":60000}},
-        {"type":"tool_use","id":"2","name":"write_file","input":{"file_path":"b.txt","content":"x"}}
-    ]"#;
-    std::fs::write(dir.path().join("batch.json"), batch).unwrap();
-    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
-    let mut child = support::keel(dir.path(), &cache, &["run", "--events", "batch.json"])
-        .stdin(std::process::Stdio::null())
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .unwrap();
-    // Read on a thread of its own, so a run that never starts the call
-    // fails the test at the bound below rather than hanging it.
-    let (lines, events) = std::sync::mpsc::channel();
-    let stdout = child.stdout.take().unwrap();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
-            let _ = lines.send(serde_json::from_str::<serde_json::Value>(&line).unwrap());
+    // Ctrl-C from a person, SIGTERM from a process manager: either way every
+    // call gets its result, and the exit status says the run was stopped.
+    for (signal, status, said) in
+        [("INT", 130, "keel: interrupted"), ("TERM", 143, "keel: stopped by SIGTERM")]
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let batch = r#"[
+            {"type":"tool_use","id":"1","name":"sleep","input":{"ms":60000}},
+            {"type":"tool_use","id":"2","name":"write_file","input":{"file_path":"b.txt","content":"x"}}
+        ]"#;
+        std::fs::write(dir.path().join("batch.json"), batch).unwrap();
+        let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
+        let mut child = support::keel(dir.path(), &cache, &["run", "--events", "batch.json"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // Read on a thread of its own, so a run that never starts the call
+        // fails the test at the bound below rather than hanging it.
+        let (lines, events) = std::sync::mpsc::channel();
+        let stdout = child.stdout.take().unwrap();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = lines.send(serde_json::from_str::<serde_json::Value>(&line).unwrap());
+            }
+        });
+        let mut seen = Vec::new();
+        while !seen.iter().any(|event: &serde_json::Value| event["type"] == "call_started") {
+            seen.push(events.recv_timeout(KEEL_LIMIT).expect("the sleep starts"));
         }
-    });
-    let mut seen = Vec::new();
-    while !seen.iter().any(|event: &serde_json::Value| event["type"] == "call_started") {
-        seen.push(events.recv_timeout(KEEL_LIMIT).expect("the sleep starts"));
+        support::signal_child(&child, signal);
+        let exit = support::exit_within(&mut child, Duration::from_secs(30));
+        let stderr = String::from_utf8(child.wait_with_output().unwrap().stderr).unwrap();
+        assert_eq!(exit.code(), Some(status), "SIG{signal}: {stderr}");
+        let lines: Vec<&str> = stderr.lines().collect();
+        assert!(lines[0].starts_with("2 calls, 2 errors, "), "SIG{signal}: {stderr}");
+        assert_eq!(lines[1..], [said], "SIG{signal}");
+        seen.extend(events.iter());
+        let texts: Vec<&str> = seen
+            .iter()
+            .filter(|event| event["type"] == "tool_result")
+            .map(|event| event["content"].as_str().unwrap())
+            .collect();
+        assert_eq!(
+            texts,
+            [
+                "Interrupted: the call was stopped before it finished.",
+                "Interrupted: the call was not started."
+            ],
+            "SIG{signal}: {seen:?}"
+        );
+        assert!(!dir.path().join("b.txt").exists());
     }
-    support::signal_child(&child, "INT");
-    let status = support::exit_within(&mut child, Duration::from_secs(30));
-    assert!(status.success(), "{status}");
-    seen.extend(events.iter());
-    let texts: Vec<&str> = seen
-        .iter()
-        .filter(|event| event["type"] == "tool_result")
-        .map(|event| event["content"].as_str().unwrap())
-        .collect();
-    assert_eq!(
-        texts,
-        ["Interrupted: the call was stopped before it finished.", "Interrupted: the call was not started."],
-        "{seen:?}"
-    );
-    assert!(!dir.path().join("b.txt").exists());
 }
 
 #[test]
@@ -612,4 +633,44 @@ fn keel_test_names_a_missing_expectation_and_counts_the_cases_that_failed() {
         "error: cases/a/batch.json is a file; give a fixture case (a directory holding batch.json) or a \
          directory of cases\n"
     );
+}
+
+#[test]
+fn keel_test_and_inspect_stop_on_a_stop_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::create_dir_all(dir.path().join("cases/a")).unwrap();
+    std::fs::write(
+        dir.path().join("cases/a/batch.json"),
+        r#"[{"type":"tool_use","id":"1","name":"sleep","input":{"ms":60000}}]"#,
+    )
+    .unwrap();
+    let cache = Path::new(env!("CARGO_TARGET_TMPDIR")).join("keel-cache");
+    // A case that sleeps a minute, and an inspection that compiles its
+    // plugin afresh: each is stopped where it is.
+    let grep = support::bundled("grep");
+    for (args, signal, code, said) in [
+        (&["test", "cases"][..], "TERM", 143, "keel: stopped by SIGTERM\n"),
+        (
+            &["inspect", "--no-cache", grep.to_str().unwrap()],
+            "INT",
+            130,
+            "keel: interrupted while starting\n",
+        ),
+    ] {
+        let mut child = support::keel(dir.path(), &cache, args)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        wait_for_stop_handlers(&mut child);
+        std::thread::sleep(Duration::from_millis(100));
+        support::signal_child(&child, signal);
+        let status = support::exit_within(&mut child, Duration::from_secs(10));
+        let output = child.wait_with_output().unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert_eq!(status.code(), Some(code), "{args:?}: {stderr}");
+        assert!(stderr.ends_with(said), "{args:?}: {stderr}");
+        assert!(output.stdout.is_empty(), "{args:?}: {}", String::from_utf8_lossy(&output.stdout));
+    }
 }

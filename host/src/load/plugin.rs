@@ -316,7 +316,16 @@ impl PluginTool {
         grants: &Grants,
         limits: &Limits,
     ) -> Result<Self> {
-        let compiled = runtime.compile_file(path, |bytes| check_header(path, bytes))?;
+        // Compiling takes seconds of CPU: on a blocking thread, so that the
+        // runtime goes on (a caller's timeout or Ctrl-C is heard meanwhile).
+        let compiled = {
+            let (runtime, path) = (runtime.clone(), path.to_path_buf());
+            tokio::task::spawn_blocking(move || {
+                runtime.compile_file(&path, |bytes| check_header(&path, bytes))
+            })
+            .await
+            .unwrap_or_else(|failed| std::panic::resume_unwind(failed.into_panic()))?
+        };
         PluginTool::from_compiled(runtime, path, compiled, grants, limits).await
     }
 

@@ -142,7 +142,10 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     let subscriber = tracing_subscriber::registry().with(warnings.clone());
     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
     let report = tracing::subscriber::with_default(subscriber, || {
-        runtime.block_on(async {
+        // A stop signal while the plugin loads or answers ends the command.
+        let _entered = runtime.enter();
+        let mut signals = crate::interrupt::Signals::listen()?;
+        runtime.block_on(signals.or(async {
             let engine = Arc::new(Runtime::new(&limits, cache_dir)?);
             // Asked afresh: what is shown is what the plugin answers now.
             let load = PluginTool::load_fresh(&engine, plugin, &grants, &limits);
@@ -159,8 +162,9 @@ pub fn run(args: &InspectArgs) -> Result<()> {
                 Err(reason) => Err(reason),
             };
             anyhow::Ok(Report { plugin, spec, at_load, input, answers })
-        })
-    })?;
+        }))
+    });
+    let report = crate::interrupt::end(runtime, report)?;
     let grant = grants.for_tool(&report.spec.name);
     let origin =
         config_path.map_or_else(|| "defaults; no keel.toml".to_string(), |path| path.display().to_string());

@@ -5,7 +5,7 @@ use clap::{Args, ValueEnum};
 use keel_host::pool::definitions::{self, Format};
 
 use super::run::HostArgs;
-use crate::interrupt::CtrlC;
+use crate::interrupt::Signals;
 
 /// Arguments of `keel list`.
 #[derive(Args)]
@@ -34,11 +34,11 @@ enum ListFormat {
 /// by a rule) are not printed; warnings go to stderr.
 pub fn run(args: &ListArgs) -> Result<()> {
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    // Ctrl-C while the plugins load stops the command there.
+    // A stop signal while the plugins load stops the command there.
     let host = runtime.block_on(async {
-        let mut ctrl_c = CtrlC::listen()?;
+        let mut signals = Signals::listen()?;
         let builder = args.host.builder()?;
-        ctrl_c
+        signals
             .or(async { Ok(crate::progress::shown(crate::progress::LOADING, builder.build()).await?) })
             .await
     });

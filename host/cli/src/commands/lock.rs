@@ -5,7 +5,7 @@ use clap::Args;
 use keel_host::load::Lock;
 
 use super::run::HostArgs;
-use crate::interrupt::CtrlC;
+use crate::interrupt::Signals;
 
 /// Arguments of `keel lock`.
 #[derive(Args)]
@@ -24,14 +24,14 @@ pub fn run(args: &LockArgs) -> Result<()> {
     let resolved = args.host.resolve(true)?;
     let pins = resolved.pins.clone().expect("a run for the lock has pins");
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    // Ctrl-C while the plugins load stops the command before the lock is
+    // A stop signal while the plugins load stops the command before the lock is
     // written.
     let host = runtime.block_on(async {
         let mut builder = args.host.builder_without_plugins().config(args.host.config()?).pins(pins.clone());
         for path in &resolved.paths {
             builder = builder.plugins(path);
         }
-        CtrlC::listen()?
+        Signals::listen()?
             .or(async { Ok(crate::progress::shown(crate::progress::LOADING, builder.build()).await?) })
             .await
     });

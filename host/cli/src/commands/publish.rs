@@ -36,7 +36,13 @@ pub fn run(args: &PublishArgs) -> Result<()> {
     let bytes = std::fs::read(&args.component)
         .with_context(|| format!("failed to read {}", args.component.display()))?;
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    let digest = runtime.block_on(async {
+    let mut signals = {
+        let _entered = runtime.enter();
+        crate::interrupt::Signals::listen()?
+    };
+    // A stop signal while the component loads or is pushed ends the command;
+    // a registry keeps no upload that was not finished.
+    let digest = runtime.block_on(signals.or(async {
         // Only a component keel loads is published.
         let limits = Limits::default();
         let engine = Arc::new(Runtime::new(&limits, None)?);
@@ -49,7 +55,8 @@ pub fn run(args: &PublishArgs) -> Result<()> {
         let digest = crate::progress::shown(format!("pushing to {}", args.reference), push).await?;
         eprintln!("published {} ({})", plugin.spec().name, args.component.display());
         anyhow::Ok(digest)
-    })?;
+    }));
+    let digest = crate::interrupt::end(runtime, digest)?;
     let base = args.reference.rsplit_once(':').map_or(args.reference.as_str(), |(base, tag)| {
         if tag.contains('/') { args.reference.as_str() } else { base }
     });

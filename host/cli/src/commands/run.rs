@@ -17,7 +17,7 @@ use std::time::{Duration, Instant};
 
 use self::record::Recording;
 use super::printable;
-use crate::interrupt::CtrlC;
+use crate::interrupt::{Signals, Stopped};
 use crate::prompter::TerminalPrompter;
 use anyhow::{Context as _, Result, bail};
 use clap::Args;
@@ -113,10 +113,11 @@ pub struct Resolved {
 }
 
 /// Run the batch; print the user message of tool_result blocks, or the
-/// events as JSON lines with `--events`. Ctrl-C interrupts the batch: calls
-/// not started are not started, `cancel` calls stop, `block` calls finish.
-/// Then write the trace and the timeline asked for, and say on stderr how
-/// the batch went.
+/// events as JSON lines with `--events`. Ctrl-C or `SIGTERM` interrupts the
+/// batch: calls not started are not started, `cancel` calls stop, `block`
+/// calls finish. Then write the trace and the timeline asked for, and say
+/// on stderr how the batch went; an interrupted run then fails with
+/// [`Stopped`], so that its exit status says so.
 pub fn run(args: &RunArgs) -> Result<()> {
     let (config, config_path) = args.host.config_and_path()?;
     let (bytes, origin) = read_batch(&args.batch)?;
@@ -135,10 +136,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
     let mut recording = Recording::of_batch(uses.iter().map(|call| (call.id.as_str(), call.name.as_str())));
     let runtime = keel_cli::call_runtime().build()?;
     let outcome = runtime.block_on(async {
-        // Ctrl-C while the plugins load stops the run before any call;
-        // once the batch began, it interrupts the batch.
-        let mut ctrl_c = CtrlC::listen()?;
-        let host = ctrl_c
+        // A stop signal while the plugins load stops the run before any
+        // call; once the batch began, it interrupts the batch.
+        let mut signals = Signals::listen()?;
+        let host = signals
             .or(async {
                 let mut builder = args.host.builder_without_config()?.config(config);
                 // With someone at the keyboard a call that needs approval is
@@ -152,9 +153,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
         let started = Instant::now();
         let mut run = host.start_batch(uses, keel_host::context::initial());
         let interrupter = run.interrupter();
-        tokio::spawn(async move {
-            ctrl_c.received().await;
+        let stopped_by = tokio::spawn(async move {
+            let signal = signals.received().await;
             interrupter.interrupt();
+            signal
         });
         let results = if args.events {
             if let Err(error) = print_events(&mut run, &mut recording).await {
@@ -182,10 +184,17 @@ pub fn run(args: &RunArgs) -> Result<()> {
             outcome.results
         };
         let wall = started.elapsed();
+        // A signal that comes once the batch ended interrupted nothing.
+        let stopped_by = if stopped_by.is_finished() {
+            stopped_by.await.ok()
+        } else {
+            stopped_by.abort();
+            None
+        };
         host.wait_for_cache_upkeep();
-        anyhow::Ok((results, wall))
+        anyhow::Ok((results, wall, stopped_by))
     });
-    let (results, wall) = crate::interrupt::end(runtime, outcome)?;
+    let (results, wall, stopped_by) = crate::interrupt::end(runtime, outcome)?;
     let errors = results.iter().filter(|result| result.is_error).count();
     let wall_us = u64::try_from(wall.as_micros()).unwrap_or(u64::MAX);
     let summary = stats::summary(&recording, results.len(), errors, wall_us);
@@ -200,7 +209,10 @@ pub fn run(args: &RunArgs) -> Result<()> {
         eprint!("{}", stats::table(&recording));
     }
     eprintln!("{}", printable(&summary));
-    Ok(())
+    match stopped_by {
+        Some(signal) => Err(Stopped { signal, while_starting: false }.into()),
+        None => Ok(()),
+    }
 }
 
 async fn print_events(run: &mut BatchRun, recording: &mut Recording) -> Result<()> {
@@ -482,9 +494,10 @@ impl HostArgs {
                 .spawn(|| {
                     let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
                     let pull = async { anyhow::Ok(registries.pull(reference, resolve).await?) };
-                    // Ctrl-C stops a pull as it stops the rest of a start.
+                    // A stop signal stops a pull as it stops the rest of a
+                    // start.
                     let pulled = runtime.block_on(async {
-                        CtrlC::listen()?
+                        Signals::listen()?
                             .or(crate::progress::shown(format!("pulling {reference}"), pull))
                             .await
                     });

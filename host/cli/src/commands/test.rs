@@ -7,6 +7,7 @@ use clap::Args;
 use keel_cli::fixture::{self, Case};
 
 use super::run::HostArgs;
+use crate::interrupt::{Signals, Stopped};
 
 /// Arguments of `keel test`.
 #[derive(Args)]
@@ -42,11 +43,22 @@ pub fn run(args: &TestArgs) -> Result<()> {
     }
     let bless = args.bless || fixture::bless_requested();
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    // A stop signal ends the command in the case it comes in, which is
+    // dropped with its calls; its workspace is a copy.
+    let mut signals = {
+        let _entered = runtime.enter();
+        Signals::listen()?
+    };
     let (mut failed, mut differed) = (Vec::new(), false);
     for case in &cases {
         let running =
             crate::progress::shown(format!("running {}", case.name), run_case(case, &args.host, bless));
-        match runtime.block_on(running) {
+        let outcome = runtime.block_on(signals.or(running));
+        if let Some(stopped) = outcome.as_ref().err().and_then(crate::interrupt::stopped) {
+            let signal = stopped.signal;
+            return crate::interrupt::end(runtime, Err(Stopped { signal, while_starting: false }.into()));
+        }
+        match outcome {
             Ok(None) => outln!("ok      {}", case.name)?,
             Ok(Some(diff)) => {
                 outln!("FAILED  {}\n{diff}", case.name)?;
