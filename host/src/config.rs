@@ -74,7 +74,7 @@ pub struct CacheConfig {
     /// it fits. At least 1: a cap of 0 would empty the cache, shared with
     /// every other run, at each start. Default: no cap.
     #[serde(default, deserialize_with = "max_size_mib")]
-    pub max_size_mib: Option<u64>,
+    pub max_size_mib: Option<std::num::NonZeroU64>,
 }
 
 /// `[registries]`: settings of `oci://` plugins.
@@ -250,11 +250,11 @@ fn whole<'de, D: serde::Deserializer<'de>>(deserializer: D) -> std::result::Resu
 /// taken.
 fn max_size_mib<'de, D: serde::Deserializer<'de>>(
     deserializer: D,
-) -> std::result::Result<Option<u64>, D::Error> {
+) -> std::result::Result<Option<std::num::NonZeroU64>, D::Error> {
     let mib = whole(deserializer)?;
-    match u64::try_from(mib) {
-        Ok(mib) if mib >= 1 => Ok(Some(mib)),
-        _ => Err(serde::de::Error::custom(format!(
+    match u64::try_from(mib).ok().and_then(std::num::NonZeroU64::new) {
+        Some(mib) => Ok(Some(mib)),
+        None => Err(serde::de::Error::custom(format!(
             "`max_size_mib = {mib}` would empty the compile cache, other runs' entries included, at every \
              start: use 1 or more, or leave the key out for no cap"
         ))),
@@ -373,7 +373,7 @@ mod tests {
              (line 2, column 16)"
         );
         let config = Config::parse("[cache]\nmax_size_mib = 1\n", Path::new("keel.toml")).unwrap();
-        assert_eq!(config.cache.max_size_mib, Some(1));
+        assert_eq!(config.cache.max_size_mib, std::num::NonZeroU64::new(1));
         assert_eq!(Config::parse("[cache]\n", Path::new("keel.toml")).unwrap().cache.max_size_mib, None);
     }
 

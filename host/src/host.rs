@@ -262,7 +262,7 @@ impl HostBuilder {
             if self.plugin_paths.is_empty() { self.engine } else { Some(Arc::new(self.runtime(&limits)?)) };
         let grants = Arc::new(grants);
         let upkeep = match (&self.cache_dir, self.config.cache.max_size_mib) {
-            (Some(dir), Some(mib)) => Some(spawn_upkeep(dir.clone(), mib.saturating_mul(1 << 20))),
+            (Some(dir), Some(mib)) => Some(spawn_upkeep(dir.clone(), mib.get().saturating_mul(1 << 20))),
             _ => None,
         };
 
