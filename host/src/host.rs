@@ -372,17 +372,35 @@ impl HostBuilder {
 }
 
 /// Check each plugin of `tools` against `pins`, and with `--locked` that
-/// the lock names nothing else; the lock's entries for them.
+/// the lock names nothing else; the lock's entries for them, one per tool
+/// name. The same component loaded twice (a file given twice, two tags of
+/// one digest) is pinned once, as the pool keeps one; two components of one
+/// name are refused, as a lock pins a name to one component.
 pub fn lock_entries<'a>(
     pins: &Pins,
     tools: impl IntoIterator<Item = &'a dyn Tool>,
 ) -> Result<Vec<LockedPlugin>> {
-    let mut entries = Vec::new();
+    let mut entries: Vec<LockedPlugin> = Vec::new();
     for tool in tools {
         let spec = tool.spec();
         let crate::tool::ToolOrigin::Plugin { path, contract } = &spec.origin else { continue };
+        let entry = pins.entry_for(&spec.name, path, contract);
+        let kept = entry.as_ref().and_then(|entry| entries.iter().find(|kept| kept.name == entry.name));
+        if let (Some(entry), Some(kept)) = (&entry, kept) {
+            if kept.sha256 == entry.sha256 {
+                continue;
+            }
+            return Err(Error::Pin {
+                path: path.clone(),
+                reason: format!(
+                    "its tool {} is also the tool of {}, another component; a lock pins one component per \
+                     tool name, so give only one of them",
+                    spec.name, kept.source
+                ),
+            });
+        }
         pins.check_plugin(&spec.name, path)?;
-        entries.extend(pins.entry_for(&spec.name, path, contract));
+        entries.extend(entry);
     }
     pins.check_complete(entries.iter().map(|entry| entry.name.as_str()))?;
     Ok(entries)

@@ -88,6 +88,35 @@ fn keel_lock_records_name_source_digest_and_contract_of_every_plugin() {
 }
 
 #[test]
+fn one_component_given_twice_is_pinned_once_and_two_components_of_one_name_are_refused() {
+    let project = Project::new(&["echo"]);
+    // The same file twice: the pool keeps one, and the lock pins it once, so
+    // that the runs after it read the lock it wrote.
+    let args = ["lock", "--plugins", "tools", "--plugins", "tools/keel_tool_echo.wasm"];
+    let mut lock = support::keel(project.path(), &project.path().join("cache"), &args);
+    let output = support::run(&mut lock, std::time::Duration::from_secs(120));
+    let stderr = String::from_utf8(output.stderr).unwrap();
+    assert!(output.status.success() && stderr.ends_with("keel.lock: 1 plugin pinned\n"), "{stderr}");
+    assert_eq!(listed(&project.keel_ok(&["list", "--plugins", "tools", "--locked"])), ["Read", "echo"]);
+
+    // Another component of the same name beside it: a lock could pin only one.
+    std::fs::remove_file(project.path().join("keel.lock")).unwrap();
+    let elsewhere = project.path().join("other");
+    std::fs::create_dir(&elsewhere).unwrap();
+    let mut bytes = std::fs::read(bundled("echo")).unwrap();
+    // A custom section appended: a valid component with other bytes.
+    bytes.extend_from_slice(&[0, 7, 5, b'x', b'-', b'k', b'e', b'l', 0]);
+    std::fs::write(elsewhere.join("echo.wasm"), &bytes).unwrap();
+    let stderr = project.keel_fails(&["lock", "--plugins", "tools", "--plugins", "other"]);
+    assert_eq!(
+        stderr.trim_end(),
+        "error: refused plugin other/echo.wasm: its tool echo is also the tool of tools/keel_tool_echo.wasm, \
+         another component; a lock pins one component per tool name, so give only one of them"
+    );
+    assert!(!project.path().join("keel.lock").exists());
+}
+
+#[test]
 fn a_tampered_plugin_under_a_lock_is_refused_naming_the_file_and_both_digests() {
     let project = Project::new(&["echo", "grep"]);
     project.keel_ok(&["lock", "--plugins", "tools"]);
