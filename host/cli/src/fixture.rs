@@ -146,6 +146,15 @@ impl Case {
             copy_tree(&source, workspace.path())?;
         }
         for file in &driver.generate {
+            if let Some(link) = first_link(workspace.path(), &file.path) {
+                let reason = format!(
+                    "the `generate` path {} goes through the symbolic link {} of the case's workspace; \
+                     generated files are written in its real directories only",
+                    file.path.display(),
+                    link.display()
+                );
+                return Err(Error::Config { path: self.dir.join("case.toml"), reason });
+            }
             let path = workspace.path().join(&file.path);
             if let Some(parent) = path.parent() {
                 std::fs::create_dir_all(parent).map_err(|error| Error::io("create", parent, error))?;
@@ -191,6 +200,20 @@ impl Case {
                 file.path.display()
             );
             return Err(Error::Config { path, reason });
+        }
+        for file in &driver.generate {
+            let size = (file.line.len() as u64 + 1).saturating_mul(file.lines as u64);
+            if size > MAX_GENERATED {
+                let reason = format!(
+                    "`generate` {}: {} lines of {} bytes make {size} bytes, over the {} MiB a generated \
+                     file may hold",
+                    file.path.display(),
+                    file.lines,
+                    file.line.len() + 1,
+                    MAX_GENERATED >> 20
+                );
+                return Err(Error::Config { path, reason });
+            }
         }
         Ok(driver)
     }
@@ -314,6 +337,25 @@ fn to_line(event: &Event) -> String {
     serde_json::to_string(event).expect("events serialize")
 }
 
+/// The most bytes a `generate` entry may write: far more than a case needs,
+/// and a bound on what a case from elsewhere can make a test run allocate.
+const MAX_GENERATED: u64 = 256 << 20;
+
+/// The first part of `path` (relative, [`stays_below`]) that is a symbolic
+/// link under `root`, as a path relative to `root`: writing there would
+/// follow it, wherever it leads. The file itself counts too.
+fn first_link(root: &Path, path: &Path) -> Option<PathBuf> {
+    let mut walked = PathBuf::new();
+    for part in path.components() {
+        walked.push(part);
+        let metadata = std::fs::symlink_metadata(root.join(&walked)).ok()?;
+        if metadata.file_type().is_symlink() {
+            return Some(walked);
+        }
+    }
+    None
+}
+
 /// Whether `path` is relative and never climbs out of where it is joined.
 fn stays_below(path: &Path) -> bool {
     path.components()
@@ -396,7 +438,9 @@ mod tests {
     fn case_of(files: &[(&str, &str)]) -> (tempfile::TempDir, Case) {
         let dir = tempfile::tempdir().unwrap();
         for (name, text) in files {
-            std::fs::write(dir.path().join(name), text).unwrap();
+            let path = dir.path().join(name);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, text).unwrap();
         }
         let case = Case { name: "c".into(), dir: dir.path().to_path_buf() };
         (dir, case)
@@ -422,6 +466,26 @@ mod tests {
             let error = case.run(keel_host::Host::builder().cache_dir(None)).await.err().unwrap().to_string();
             assert!(error.contains(&format!("which {path} does not")), "{error}");
         }
+    }
+
+    #[cfg(unix)]
+    #[tokio::test]
+    async fn a_case_that_generates_a_file_through_a_link_of_its_workspace_is_refused() {
+        let outside = tempfile::tempdir().unwrap();
+        let toml = "[[generate]]\npath = \"out/x.txt\"\nline = \"x\"\nlines = 1\n";
+        let (_dir, case) = case_of(&[(BATCH, "[]"), ("case.toml", toml), ("workspace/kept.txt", "")]);
+        std::os::unix::fs::symlink(outside.path(), case.dir.join("workspace/out")).unwrap();
+        let error = case.run(keel_host::Host::builder().cache_dir(None)).await.err().unwrap().to_string();
+        assert!(error.contains("goes through the symbolic link out of the case's workspace"), "{error}");
+        assert!(!outside.path().join("x.txt").exists());
+    }
+
+    #[tokio::test]
+    async fn a_case_that_generates_more_than_a_file_may_hold_is_refused_before_it_runs() {
+        let toml = "[[generate]]\npath = \"big.txt\"\nline = \"x\"\nlines = 4000000000000000000\n";
+        let (_dir, case) = case_of(&[(BATCH, "[]"), ("case.toml", toml)]);
+        let error = case.run(keel_host::Host::builder().cache_dir(None)).await.err().unwrap().to_string();
+        assert!(error.contains("over the 256 MiB a generated file may hold"), "{error}");
     }
 
     #[test]
