@@ -233,3 +233,13 @@ fn errors_say_what_failed_where_and_what_to_do() {
         )
     );
 }
+
+#[test]
+fn what_a_plugin_says_of_itself_reaches_the_terminal_with_its_control_characters_escaped() {
+    let dir = tempfile::tempdir().unwrap();
+    // Its search hint would clear the screen.
+    let hostile = keel_tests::guest("keel_guest_hostile");
+    let report = stdout(&keel(&["inspect", hostile.to_str().unwrap()], dir.path()));
+    assert!(!report.contains('\u{1b}'), "{report:?}");
+    assert!(report.contains("  search hint   finds\\u{1b}[2Jnothing\n"), "{report}");
+}

@@ -171,7 +171,13 @@ pub fn run(args: &InspectArgs) -> Result<()> {
     if args.json {
         outln!("{}", serde_json::to_string_pretty(&report.to_json(plugin, &grant))?)?;
     } else {
-        out!("{}", report.to_text(plugin, &grant, &origin))?;
+        // What a plugin says of itself (its description, aliases, answers)
+        // reaches the terminal with its control characters escaped, so that
+        // it cannot clear the screen or fake a line of the report; its
+        // lines stay lines.
+        let text = report.to_text(plugin, &grant, &origin);
+        let lines: Vec<_> = text.split('\n').map(super::printable).collect();
+        out!("{}", lines.join("\n"))?;
     }
     Ok(())
 }

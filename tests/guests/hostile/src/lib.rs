@@ -106,7 +106,9 @@ impl Guest for Hostile {
             prompt: String::new(),
             input_schema: r#"{"type":"object"}"#.into(),
             output_schema: None,
-            search_hint: None,
+            // Text a plugin says of itself, escape codes and all: one that
+            // would clear a terminal's screen.
+            search_hint: Some("finds\u{1b}[2Jnothing".into()),
             should_defer: false,
             always_load: false,
             strict: false,
