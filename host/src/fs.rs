@@ -94,8 +94,24 @@ impl Staged {
         };
         std::fs::create_dir_all(dir)?;
         let name = target.file_name().map_or_else(Default::default, |name| name.to_string_lossy());
-        let mut temp =
-            tempfile::Builder::new().prefix(&format!(".{name}.")).suffix(".tmp").tempfile_in(dir)?;
+        let prefix = format!(".{name}.");
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(&prefix).suffix(".tmp");
+        // The mode of a file made anew (0o666 less the umask, where a
+        // temporary file would be its owner's alone), or of the file it
+        // replaces: a lock or a fixture others read stays readable to them.
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt as _;
+            builder.permissions(std::fs::Permissions::from_mode(0o666));
+        }
+        let mut temp = builder.tempfile_in(dir)?;
+        #[cfg(unix)]
+        if let Ok(replaced) = std::fs::metadata(target)
+            && replaced.is_file()
+        {
+            temp.as_file().set_permissions(replaced.permissions())?;
+        }
         temp.write_all(contents)?;
         if sync {
             temp.as_file().sync_all()?;
@@ -115,5 +131,34 @@ impl Staged {
     #[cfg(test)]
     pub(crate) fn temp_path(&self) -> &Path {
         self.temp.path()
+    }
+}
+
+#[cfg(all(test, unix))]
+mod tests {
+    use std::os::unix::fs::PermissionsExt as _;
+
+    use super::*;
+
+    fn mode(path: &Path) -> u32 {
+        std::fs::metadata(path).unwrap().permissions().mode() & 0o777
+    }
+
+    #[test]
+    fn a_file_written_anew_gets_the_mode_of_any_new_file_and_a_replaced_one_keeps_its_own() {
+        let dir = tempfile::tempdir().unwrap();
+        // As the system makes a new file: 0o666 less the umask.
+        let plain = dir.path().join("plain");
+        std::fs::write(&plain, "x").unwrap();
+        let new = dir.path().join("new");
+        write_atomically(&new, b"x").unwrap();
+        assert_eq!(mode(&new), mode(&plain));
+
+        let shared = dir.path().join("shared");
+        std::fs::write(&shared, "old").unwrap();
+        std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o640)).unwrap();
+        write_atomically(&shared, b"new").unwrap();
+        assert_eq!(mode(&shared), 0o640);
+        assert_eq!(std::fs::read_to_string(&shared).unwrap(), "new");
     }
 }

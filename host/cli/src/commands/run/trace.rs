@@ -240,15 +240,8 @@ fn same_file(a: &Path, b: &Path) -> bool {
 /// links; a pipe or a device written through ([`keel_host::fs::write_to`]).
 pub fn write(path: &Path, contents: &[u8], what: &str) -> Result<()> {
     let failed = || format!("failed to write {what} {}", path.display());
-    let written = keel_host::fs::write_to(path, contents).with_context(failed)?;
-    // The temporary file was made readable by its owner only; a report is
-    // for anyone who may read the directory. What was written through keeps
-    // its own mode.
-    #[cfg(unix)]
-    if std::fs::symlink_metadata(&written).is_ok_and(|metadata| metadata.is_file()) {
-        use std::os::unix::fs::PermissionsExt as _;
-        std::fs::set_permissions(&written, std::fs::Permissions::from_mode(0o644)).with_context(failed)?;
-    }
+    // A new report gets the mode of any new file, a replaced one keeps its own.
+    keel_host::fs::write_to(path, contents).with_context(failed)?;
     Ok(())
 }
 
