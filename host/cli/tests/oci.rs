@@ -2,6 +2,8 @@
 //! `keel publish`, pulled by tag and by digest, verified, kept by digest,
 //! locked, and authenticated without a credential reaching a log.
 
+#[path = "support/fake_registry.rs"]
+mod fake_registry;
 mod support;
 
 use std::path::{Path, PathBuf};
@@ -39,6 +41,7 @@ impl Project {
         let mut command = support::keel(self.path(), &self.path().join("cache"), args);
         command
             .env("DOCKER_CONFIG", self.path().join("docker"))
+            .env_remove("KEEL_REGISTRY")
             .env_remove("KEEL_REGISTRY_USERNAME")
             .env_remove("KEEL_REGISTRY_PASSWORD");
         command
@@ -170,9 +173,11 @@ fn credentials_reach_the_registry_and_never_a_log() {
     assert!(stderr.starts_with(&format!("error: failed to push {tag}: ")), "{stderr}");
     assert!(stderr.contains("(credentials: KEEL_REGISTRY_USERNAME and KEEL_REGISTRY_PASSWORD,"), "{stderr}");
 
-    // From the environment, logging everything.
+    // From the environment, for the registry KEEL_REGISTRY names, logging
+    // everything.
     let mut publish = project.command(&["publish", &tag, echo.to_str().unwrap()]);
     publish
+        .env("KEEL_REGISTRY", &registry.addr)
         .env("KEEL_REGISTRY_USERNAME", user)
         .env("KEEL_REGISTRY_PASSWORD", password)
         .env("KEEL_LOG", TRACE);
@@ -270,17 +275,20 @@ fn what_is_not_a_component_artifact_or_not_there_is_refused_naming_the_reference
         let stderr = String::from_utf8_lossy(&output.stderr);
         assert_eq!(stderr, format!("error: failed to pull {}: {said}\n", at(name)), "{name}");
     }
-    let kept =
-        project.path().join("cache/oci/blobs/sha256").join(format!("{}.wasm", sha256(layer.as_bytes())));
-    assert!(!kept.exists(), "what is not WebAssembly is not kept");
-    // Nor is an index, nor its tag: the cache holds the junk manifest alone.
-    let manifests: Vec<_> = std::fs::read_dir(project.path().join("cache/oci/blobs/sha256"))
-        .unwrap()
-        .map(|entry| entry.unwrap().file_name().into_string().unwrap())
-        .collect();
-    assert_eq!(manifests, [sha256(manifest.to_string().as_bytes())], "what is kept");
-    let tags = std::fs::read_dir(project.path().join("cache/oci/tags")).unwrap().count();
-    assert_eq!(tags, 1, "only junk:1's tag is kept");
+    // Nothing is kept of a pull that failed: not the junk's manifest, nor
+    // any tag, nor what is not WebAssembly.
+    let kept = project.path().join("cache/oci");
+    let files: Vec<_> = walk(&kept);
+    assert!(files.is_empty(), "kept after failed pulls: {files:?}");
+}
+
+/// The files under `dir`, if it exists.
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let Ok(entries) = std::fs::read_dir(dir) else { return Vec::new() };
+    entries
+        .map(|entry| entry.unwrap().path())
+        .flat_map(|path| if path.is_dir() { walk(&path) } else { vec![path] })
+        .collect()
 }
 
 #[test]
@@ -298,4 +306,282 @@ fn a_registry_nothing_answers_at_is_named_with_the_reason() {
              Connection refused (os error 111)\n"
         )
     );
+}
+
+/// The manifest of a component artifact whose layer has `digest` and
+/// declares `size`; its config is `{}`.
+fn artifact_manifest(digest: &str, size: u64) -> String {
+    serde_json::json!({
+        "schemaVersion": 2,
+        "mediaType": "application/vnd.oci.image.manifest.v1+json",
+        "config": {
+            "mediaType": "application/vnd.wasm.config.v0+json",
+            "digest": format!("sha256:{}", sha256(b"{}")),
+            "size": 2,
+        },
+        "layers": [{ "mediaType": "application/wasm", "digest": digest, "size": size }],
+    })
+    .to_string()
+}
+
+const MANIFEST_TYPE: &str = "application/vnd.oci.image.manifest.v1+json";
+
+/// `keel run --plugins reference` in a fresh project with `env`; its exit
+/// status and stderr.
+fn run_failing(reference: &str, env: &[(&str, &str)]) -> (Option<i32>, String) {
+    let project = Project::new();
+    let mut command = project.command(&["run", "--plugins", reference, "batch.json"]);
+    command.envs(env.iter().copied());
+    let output = project.keel(&mut command);
+    (output.status.code(), String::from_utf8_lossy(&output.stderr).into_owned())
+}
+
+/// A manifest that never ends is refused once it passes 4 MiB, naming the
+/// reference and the manifest, rather than read into memory to its end.
+#[test]
+fn an_endless_manifest_is_refused_at_4_mib() {
+    use fake_registry::{Answer, FakeRegistry};
+    let registry = FakeRegistry::start(|request| {
+        if request.path.contains("/manifests/") {
+            let head = br#"{"schemaVersion":2,"x":""#.to_vec();
+            Answer::Endless { content_type: MANIFEST_TYPE, head, limit: 64 << 20 }
+        } else {
+            Answer::json(200, "{}")
+        }
+    });
+    let reference = format!("oci://{}/tools/echo:1", registry.addr);
+    let (code, stderr) = run_failing(&reference, &[]);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        stderr,
+        format!(
+            "error: failed to pull {reference}: the manifest is larger than 4 MiB, the most keel reads\n"
+        )
+    );
+}
+
+/// A blob that goes on past the size its manifest declares is refused as
+/// soon as it does, and nothing is kept.
+#[test]
+fn a_component_longer_than_its_manifest_declares_is_refused() {
+    use fake_registry::{Answer, FakeRegistry};
+    let component = std::fs::read(echo()).unwrap();
+    let digest = format!("sha256:{}", sha256(&component));
+    let manifest = artifact_manifest(&digest, component.len() as u64);
+    let registry = FakeRegistry::start(move |request| {
+        if request.path.contains("/manifests/") {
+            Answer::Full(
+                200,
+                vec![("content-type".into(), MANIFEST_TYPE.into())],
+                manifest.clone().into_bytes(),
+            )
+        } else if request.path.contains("/blobs/") {
+            let head = b"\0asm".to_vec();
+            Answer::Endless { content_type: "application/octet-stream", head, limit: 64 << 20 }
+        } else {
+            Answer::json(200, "{}")
+        }
+    });
+    let reference = format!("oci://{}/tools/echo:1", registry.addr);
+    let project = Project::new();
+    let output = project.keel(&mut project.command(&["run", "--plugins", &reference, "batch.json"]));
+    assert_eq!(output.status.code(), Some(1));
+    assert_eq!(
+        String::from_utf8_lossy(&output.stderr),
+        format!(
+            "error: failed to pull {reference}: the component blob is larger than the {} bytes its manifest \
+             declares\n",
+            component.len()
+        )
+    );
+    assert_eq!(walk(&project.path().join("cache/oci")), Vec::<PathBuf>::new(), "nothing is kept");
+}
+
+/// A manifest that declares a component over the most keel takes is
+/// refused before the component is asked for.
+#[test]
+fn a_component_declared_over_the_maximum_is_never_asked_for() {
+    use fake_registry::{Answer, FakeRegistry};
+    let digest = format!("sha256:{}", "a".repeat(64));
+    let manifest = artifact_manifest(&digest, 1 << 30);
+    let registry = FakeRegistry::start(move |request| {
+        if request.path.contains("/manifests/") {
+            Answer::Full(
+                200,
+                vec![("content-type".into(), MANIFEST_TYPE.into())],
+                manifest.clone().into_bytes(),
+            )
+        } else if request.path.contains("/blobs/") {
+            Answer::Endless { content_type: "application/octet-stream", head: Vec::new(), limit: 64 << 20 }
+        } else {
+            Answer::json(200, "{}")
+        }
+    });
+    let reference = format!("oci://{}/tools/echo:1", registry.addr);
+    let (code, stderr) = run_failing(&reference, &[]);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        stderr,
+        format!(
+            "error: failed to pull {reference}: its manifest declares a component of 1073741824 bytes, more \
+             than the 256 MiB keel takes\n"
+        )
+    );
+    assert!(!registry.seen().iter().any(|request| request.path.contains("/blobs/")), "{:?}", registry.seen());
+}
+
+/// `KEEL_REGISTRY_USERNAME` and `KEEL_REGISTRY_PASSWORD` go to the registry
+/// `KEEL_REGISTRY` names and to no other: without it a refused pull says to
+/// set it, and nothing carried them.
+#[test]
+fn environment_credentials_go_only_to_the_registry_keel_registry_names() {
+    use fake_registry::{Answer, FakeRegistry};
+    let registry = FakeRegistry::start(|_| Answer::challenge(r#"Basic realm="fake""#));
+    let reference = format!("oci://{}/private/echo:1", registry.addr);
+    let credentials = [("KEEL_REGISTRY_USERNAME", "keel-ci"), ("KEEL_REGISTRY_PASSWORD", "s3cret")];
+
+    let (code, stderr) = run_failing(&reference, &credentials);
+    assert_eq!(code, Some(1));
+    assert!(
+        stderr.ends_with(&format!(
+            " (KEEL_REGISTRY_USERNAME and KEEL_REGISTRY_PASSWORD are set but were not sent: they go only to \
+             the registry KEEL_REGISTRY names; set KEEL_REGISTRY={} to send them to this one)\n",
+            registry.addr
+        )),
+        "{stderr}"
+    );
+    let other = [credentials[0], credentials[1], ("KEEL_REGISTRY", "ghcr.io")];
+    let (code, stderr) = run_failing(&reference, &other);
+    assert_eq!(code, Some(1));
+    assert!(stderr.contains("go only to KEEL_REGISTRY, ghcr.io, not 127.0.0.1:"), "{stderr}");
+    let sent: Vec<_> =
+        registry.seen().into_iter().filter(|request| request.authorization.is_some()).collect();
+    assert!(sent.is_empty(), "credentials reached a registry KEEL_REGISTRY does not name: {sent:?}");
+
+    let named = [credentials[0], credentials[1], ("KEEL_REGISTRY", registry.addr.as_str())];
+    run_failing(&reference, &named);
+    use base64::Engine as _;
+    let basic = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("keel-ci:s3cret"));
+    assert!(
+        registry.seen().iter().any(|request| request.authorization.as_deref() == Some(basic.as_str())),
+        "the named registry got no credentials: {:?}",
+        registry.seen()
+    );
+}
+
+/// A registry whose challenge sends the credentials to a token service over
+/// plain HTTP on another host is refused before anything is sent there.
+#[test]
+fn credentials_go_to_no_token_service_over_plain_http() {
+    use fake_registry::{Answer, FakeRegistry};
+    // An address of documentation's, which nothing answers at.
+    let realm = "http://192.0.2.1/token";
+    let registry =
+        FakeRegistry::start(move |_| Answer::challenge(&format!(r#"Bearer realm="{realm}",service="x""#)));
+    let reference = format!("oci://{}/private/echo:1", registry.addr);
+    let env = [
+        ("KEEL_REGISTRY", registry.addr.as_str()),
+        ("KEEL_REGISTRY_USERNAME", "keel-ci"),
+        ("KEEL_REGISTRY_PASSWORD", "s3cret"),
+    ];
+    let (code, stderr) = run_failing(&reference, &env);
+    assert_eq!(code, Some(1));
+    assert_eq!(
+        stderr,
+        format!(
+            "error: failed to pull {reference}: the registry {} asks for credentials to be sent to its token \
+             service {realm} over plain HTTP; refused: keel sends them over plain HTTP only to a loopback host \
+             or one `[registries] insecure` names\n",
+            registry.addr
+        )
+    );
+    assert!(registry.seen().iter().all(|request| request.authorization.is_none()), "{:?}", registry.seen());
+}
+
+/// A bearer challenge is met as a registry expects: the credentials to the
+/// token service it names (here on the loopback address), with the
+/// repository's scope, and the token to the registry.
+#[test]
+fn a_token_service_gets_the_credentials_and_the_registry_the_token() {
+    use base64::Engine as _;
+    use fake_registry::{Answer, FakeRegistry};
+    let component = std::fs::read(echo()).unwrap();
+    let digest = format!("sha256:{}", sha256(&component));
+    let manifest = artifact_manifest(&digest, component.len() as u64);
+    let basic = format!("Basic {}", base64::engine::general_purpose::STANDARD.encode("keel-ci:s3cret"));
+    let addr = std::sync::Arc::new(std::sync::OnceLock::<String>::new());
+    let registry = FakeRegistry::start({
+        let addr = addr.clone();
+        move |request| {
+            if request.path.starts_with("/token") {
+                return if request.authorization.as_deref() == Some(basic.as_str()) {
+                    Answer::json(200, r#"{"token":"tok-123"}"#)
+                } else {
+                    Answer::json(401, "{}")
+                };
+            }
+            if request.authorization.as_deref() != Some("Bearer tok-123") {
+                let realm = format!("http://{}/token", addr.get().unwrap());
+                return Answer::challenge(&format!(r#"Bearer realm="{realm}",service="fake""#));
+            }
+            if request.path.contains("/manifests/") {
+                Answer::Full(
+                    200,
+                    vec![("content-type".into(), MANIFEST_TYPE.into())],
+                    manifest.clone().into_bytes(),
+                )
+            } else if request.path.ends_with(&digest) {
+                Answer::Full(200, vec![], component.clone())
+            } else {
+                Answer::json(404, r#"{"errors":[{"code":"BLOB_UNKNOWN","message":"no"}]}"#)
+            }
+        }
+    });
+    addr.set(registry.addr.clone()).unwrap();
+    let reference = format!("oci://{}/tools/echo:1", registry.addr);
+    let project = Project::new();
+    let mut run = project.command(&["run", "--plugins", &reference, "batch.json"]);
+    run.env("KEEL_REGISTRY", &registry.addr)
+        .env("KEEL_REGISTRY_USERNAME", "keel-ci")
+        .env("KEEL_REGISTRY_PASSWORD", "s3cret");
+    let output = project.keel(&mut run);
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let seen = registry.seen();
+    let token = seen.iter().find(|request| request.path.starts_with("/token")).expect("a token request");
+    assert!(token.path.contains("scope=repository%3Atools%2Fecho%3Apull"), "{}", token.path);
+    assert!(token.path.contains("service=fake"), "{}", token.path);
+    for request in seen.iter().filter(|request| !request.path.starts_with("/token") && request.path != "/v2/")
+    {
+        assert_eq!(request.authorization.as_deref(), Some("Bearer tok-123"), "{request:?}");
+    }
+}
+
+/// A pull that failed keeps neither the tag nor the manifest: once the
+/// registry's tag is fixed, the next run with the same cache gets the fix
+/// rather than the broken manifest it saw first.
+#[test]
+fn a_failed_pull_does_not_poison_the_cache() {
+    let registry = Registry::start();
+    let project = Project::new();
+    let tag = format!("oci://{}/tools/echo:poison", registry.addr);
+    publish(&project, &tag);
+    let component = std::fs::read(echo()).unwrap();
+    let blob = registry.blob_file(&sha256(&component));
+    let mut bytes = std::fs::read(&blob).unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0xff;
+    std::fs::write(&blob, &bytes).unwrap();
+    let output = project.keel(&mut project.command(&["run", "--plugins", &tag, "batch.json"]));
+    assert!(!output.status.success(), "a corrupted blob was run");
+    assert_eq!(
+        walk(&project.path().join("cache/oci")),
+        Vec::<PathBuf>::new(),
+        "a failed pull kept something"
+    );
+
+    // The tag is fixed: it now names another component, whole.
+    let wc = bundled("wc");
+    project.keel_ok(&["publish", &tag, wc.to_str().unwrap()]);
+    let listed = project.keel_ok(&["list", "--plugins", &tag]);
+    assert!(listed.contains("wc"), "{listed}");
 }
