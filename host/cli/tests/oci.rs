@@ -100,6 +100,16 @@ fn a_plugin_is_pulled_by_tag_and_by_digest_and_the_lock_records_the_digest() {
     let pinned = Project::new();
     assert_eq!(pinned.run_echo(&by_digest), "from the registry");
 
+    // With no cache, what is pulled goes to a temporary directory that is
+    // gone when the run ends.
+    let uncached = Project::new();
+    let temp = uncached.path().join("tmp");
+    std::fs::create_dir(&temp).unwrap();
+    let mut run = uncached.command(&["run", "--no-cache", "--plugins", &tag, "batch.json"]);
+    let stdout = support::keel_ok(run.env("TMPDIR", &temp));
+    assert!(stdout.contains("from the registry"), "{stdout}");
+    assert_eq!(std::fs::read_dir(&temp).unwrap().count(), 0, "{:?}", walk(&temp));
+
     by_tag.keel_ok(&["lock", "--plugins", &tag]);
     let lock: toml::Value =
         toml::from_str(&std::fs::read_to_string(by_tag.path().join("keel.lock")).unwrap()).unwrap();

@@ -99,6 +99,10 @@ pub struct HostArgs {
     /// The plugin files and pins, found once.
     #[arg(skip)]
     resolved: std::sync::OnceLock<Arc<Resolved>>,
+    /// With `--no-cache`, where pulled artifacts are kept: removed when the
+    /// last copy of the flags is dropped, as the command ends.
+    #[arg(skip)]
+    pulled_dir: std::sync::OnceLock<Arc<tempfile::TempDir>>,
 }
 
 /// The `--plugins` of a run made files, and what they are checked against.
@@ -512,12 +516,11 @@ impl HostArgs {
     /// with `--no-cache` a temporary one of this process.
     pub fn oci_dir(&self) -> Result<PathBuf> {
         if self.no_cache {
-            static TEMP: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
-            if let Some(dir) = TEMP.get() {
-                return Ok(dir.clone());
+            if let Some(dir) = self.pulled_dir.get() {
+                return Ok(dir.path().to_path_buf());
             }
-            let dir = tempfile::Builder::new().prefix("keel-oci-").tempdir()?.keep();
-            return Ok(TEMP.get_or_init(|| dir).clone());
+            let dir = Arc::new(tempfile::Builder::new().prefix("keel-oci-").tempdir()?);
+            return Ok(self.pulled_dir.get_or_init(|| dir).path().to_path_buf());
         }
         match self.cache_dir.clone().or_else(default_cache_dir) {
             Some(dir) => Ok(dir),
