@@ -97,6 +97,14 @@ impl Lock {
                     plugin.name, plugin.sha256
                 )));
             }
+            if let Some(resolved) = &plugin.resolved
+                && !resolved.strip_prefix("sha256:").is_some_and(is_sha256_hex)
+            {
+                return Err(invalid(format!(
+                    "the resolved digest of {} is not sha256: and 64 lowercase hex digits: {resolved:?}",
+                    plugin.name
+                )));
+            }
         }
         // Two entries of one name or one source would leave the pin that
         // holds to whichever is found first.
@@ -378,6 +386,21 @@ mod tests {
         let text = "version = 1\n[[plugin]]\nname = \"a\"\nsource = \"a.wasm\"\nsha256 = \"xyz\"\ncontract = \"0.3.0\"\n";
         let error = Lock::parse(text, Path::new("keel.lock")).unwrap_err().to_string();
         assert_eq!(error, "invalid lock keel.lock: the sha256 of a is not 64 lowercase hex digits: \"xyz\"");
+        let hex = "a".repeat(64);
+        for resolved in ["sha256:../../etc", "md5:abc", &hex] {
+            let text = format!(
+                "version = 1\n[[plugin]]\nname = \"a\"\nsource = \"oci://r/a:1\"\nresolved = {resolved:?}\n\
+                 sha256 = \"{hex}\"\ncontract = \"0.3.0\"\n"
+            );
+            let error = Lock::parse(&text, Path::new("keel.lock")).unwrap_err().to_string();
+            assert_eq!(
+                error,
+                format!(
+                    "invalid lock keel.lock: the resolved digest of a is not sha256: and 64 lowercase hex \
+                     digits: {resolved:?}"
+                )
+            );
+        }
         let error = Lock::parse("version = 1\ngarbage\n", Path::new("keel.lock")).unwrap_err().to_string();
         assert_eq!(error, "invalid lock keel.lock: key with no value, expected `=` (line 2, column 8)");
     }
