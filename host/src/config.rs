@@ -151,6 +151,9 @@ pub struct LimitsConfig {
     /// Connections open at once per call.
     #[serde(default, deserialize_with = "at_least::<0, _, _>")]
     pub network_connections: Option<usize>,
+    /// Bytes of the shared context, as compact JSON text, in KiB.
+    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
+    pub context_kib: Option<usize>,
 }
 
 impl LimitsConfig {
@@ -180,6 +183,7 @@ impl LimitsConfig {
                 .network_response_ms
                 .map_or(defaults.network_response, std::time::Duration::from_millis),
             network_connections: self.network_connections.unwrap_or(defaults.network_connections),
+            context: self.context_kib.map_or(defaults.context, |kib| kib.saturating_mul(1 << 10)),
         }
     }
 }
@@ -441,5 +445,16 @@ mod tests {
     fn a_missing_file_is_the_defaults() {
         let dir = tempfile::tempdir().unwrap();
         assert_eq!(Config::discover(None, dir.path()).unwrap(), (Config::default(), None));
+    }
+
+    #[test]
+    fn the_context_limit_is_a_key_in_kib_of_1_or_more() {
+        let limits = |text: &str| {
+            Config::parse(text, Path::new("keel.toml")).map(|c| c.limits.apply(Limits::default()))
+        };
+        assert_eq!(limits("[limits]\ncontext_kib = 64\n").unwrap().context, 64 << 10);
+        assert_eq!(limits("[limits]\n").unwrap().context, 1 << 20);
+        let error = limits("[limits]\ncontext_kib = 0\n").unwrap_err().to_string();
+        assert!(error.contains("a limit of 0 would stop every call"), "{error}");
     }
 }

@@ -352,6 +352,7 @@ impl HostBuilder {
             cap: scheduler::max_tool_use_concurrency(self.config.max_tool_use_concurrency),
             batch_fuel: Some(limits.batch_fuel),
             max_input: limits.input,
+            max_context: limits.context,
             budget,
             ledger: self.keep_ledger.then(|| Arc::new(tokio::sync::Mutex::new(self.ledger))),
             summarizer: self.summarizer.unwrap_or_else(|| Arc::new(DefaultSummarizer)),

@@ -77,6 +77,15 @@ pub struct Limits {
     /// Connections one call may hold open at once. A tool fetching pages
     /// side by side uses a few; 8 stops a guest opening hundreds.
     pub network_connections: usize,
+    /// Bytes of the shared context, as compact JSON text, that context
+    /// modifiers may make it. Every call, and every question asked about
+    /// one, is handed the whole context, copied into its sandbox and parsed
+    /// there, and `keel serve` keeps it for as long as it runs. A working
+    /// directory and a record of the files written take a few kilobytes;
+    /// 1 MiB holds thousands of such entries, while one plugin cannot grow
+    /// the context until every later call of every tool runs out of memory.
+    /// A modifier is held to it too, on its own.
+    pub context: usize,
 }
 
 impl Default for Limits {
@@ -97,6 +106,7 @@ impl Default for Limits {
             network_connect: Duration::from_secs(10),
             network_response: Duration::from_secs(20),
             network_connections: 8,
+            context: 1 << 20,
         }
     }
 }
@@ -121,6 +131,7 @@ impl Limits {
             LimitKind::NetworkConnect => format!("{:?}", self.network_connect),
             LimitKind::NetworkResponse => format!("{:?}", self.network_response),
             LimitKind::NetworkConnections => format!("{} connections", self.network_connections),
+            LimitKind::Context => human_bytes(self.context),
         }
     }
 }
@@ -267,6 +278,8 @@ pub enum LimitKind {
     NetworkResponse,
     /// The cap on connections open at once (`network_connections`).
     NetworkConnections,
+    /// The cap on the shared context's size (`context_kib`).
+    Context,
 }
 
 impl fmt::Display for LimitKind {
@@ -287,6 +300,7 @@ impl fmt::Display for LimitKind {
             LimitKind::NetworkConnect => "network connect timeout (network_connect_ms)",
             LimitKind::NetworkResponse => "network response timeout (network_response_ms)",
             LimitKind::NetworkConnections => "network connection limit (network_connections)",
+            LimitKind::Context => "context size limit (context_kib)",
         })
     }
 }
@@ -413,6 +427,7 @@ mod tests {
             LimitKind::NetworkConnect,
             LimitKind::NetworkResponse,
             LimitKind::NetworkConnections,
+            LimitKind::Context,
         ]
         .into_iter()
         .map(|kind| format!("{kind} of {}", limits.value_of(kind)))
@@ -435,6 +450,7 @@ mod tests {
                 "network connect timeout (network_connect_ms) of 10s",
                 "network response timeout (network_response_ms) of 20s",
                 "network connection limit (network_connections) of 8 connections",
+                "context size limit (context_kib) of 1 MiB",
             ]
         );
     }

@@ -415,7 +415,7 @@ async fn authorize(
 }
 
 /// The bytes of `value` as compact JSON text, counted, not kept.
-fn json_size(value: &Value) -> usize {
+pub(crate) fn json_size(value: &Value) -> usize {
     struct Count(usize);
     impl std::io::Write for Count {
         fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
@@ -441,6 +441,16 @@ fn unknown_tool(pool: &ToolPool, name: &str) -> String {
         [] => format!("No such tool: {name}"),
         close => format!("No such tool: {name}. Did you mean {}?", close.join(", ")),
     }
+}
+
+/// The result text of a call of `name` whose context modifier was refused:
+/// the tool ran, but what it returned is dropped and the context is as it
+/// was.
+pub(crate) fn modifier_refused(name: &str, refused: &crate::run::context::Refused) -> String {
+    format!(
+        "{name} failed: {refused}. The tool ran, but its output was dropped and its change to the context \
+         not applied: the context is as it was"
+    )
 }
 
 fn call_failed(name: &str, error: &CallError) -> String {

@@ -14,12 +14,12 @@ use crate::batch::{ToolResult, ToolUse};
 use crate::budget::ledger::Ledger;
 use crate::budget::{Budget, Threshold};
 use crate::events::Event;
-use crate::events::figures::Step;
+use crate::events::figures::{Outcome, Step};
 use crate::events::summary::{self, Summarizer, SummaryCall};
 use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
 use crate::run::call::{self, Finished, NOT_STARTED, PLANNING_PANICKED, Prepared, RUN_PANICKED, Steps};
-use crate::run::context;
+use crate::run::context::{Bounded, Refused};
 use crate::run::interrupt::Interrupt;
 use crate::run::partition::{Admission, partition};
 use crate::tool::CallContext;
@@ -91,6 +91,9 @@ pub struct RunOptions {
     /// The most bytes of JSON text one call's input may hold
     /// ([`Limits::input`](crate::Limits::input)).
     pub max_input: usize,
+    /// The most bytes of JSON text context modifiers may make the shared
+    /// context ([`Limits::context`](crate::Limits::context)).
+    pub max_context: usize,
     /// The result budgets.
     pub budget: Budget,
     /// Every budget decision so far, shared by the batches of a session;
@@ -237,7 +240,8 @@ async fn run_alone(
     interrupt: &Interrupt,
 ) -> (Ran, Value) {
     let fuel = options.batch_fuel.map(BatchFuel::new);
-    let shared = Arc::new(context);
+    let mut context = Bounded::new(context, options.max_context);
+    let shared = context.value().clone();
     let figures = events.reads_reports();
     let call = call::prepare(pool, tool_use, &shared, fuel.as_ref(), options.max_input, figures).await;
     emit_with(events, || {
@@ -247,14 +251,12 @@ async fn run_alone(
     });
     // Boxed, as in `run_one`: a future awaited inline is moved whole into
     // the future awaiting it, and that one into the next, at each start.
-    let mut ran = Box::pin(run_call(pool, call, shared.clone(), &options.budget, events, interrupt)).await;
+    // The call's own copies are gone when its modifier is accepted: the
+    // context is changed in place.
+    let accept = |patch: Value| context.apply(&patch);
+    let ran = Box::pin(run_call(pool, call, shared, accept, &options.budget, events, interrupt)).await;
     emit_with(events, || Event::tool_result(&ran.result));
-    // The call's own copy is gone by now: the context is taken back whole.
-    let mut context = Arc::unwrap_or_clone(shared);
-    if let Some(patch) = ran.modifier.take() {
-        context::apply(&mut context, &patch);
-    }
-    (ran, context)
+    (ran, context.into_value())
 }
 
 /// A batch of any length: see [`Batch`].
@@ -284,7 +286,7 @@ async fn run_many(
             planned: 0,
             started: false,
             next: 0,
-            admission: Admission::new(cap, context),
+            admission: Admission::new(cap, context, options.max_context),
             results: OrderedResults::new(ids),
             thresholds: vec![Threshold::default(); count],
             finished: 0,
@@ -522,9 +524,9 @@ impl Batch {
                 continue;
             }
             let guard = Failing { batch: self, index, doing: Doing::Running };
-            let ran =
-                run_call(&self.pool, call, context, &self.options.budget, &self.events, &self.interrupt)
-                    .await;
+            let accept = |patch| self.lock().admission.accept(index as u64, patch);
+            let (budget, events) = (&self.options.budget, &self.events);
+            let ran = run_call(&self.pool, call, context, accept, budget, events, &self.interrupt).await;
             std::mem::forget(guard);
             (starts, plans) = self.lock().finished(self, index, ran);
         }
@@ -685,10 +687,10 @@ impl State {
         self.calls[index] = Slot::Waiting(call);
     }
 
-    /// Call `index` finished: release its result in order, keep its
-    /// modifier and its budget, and say what may start now.
+    /// Call `index` finished (its modifier was accepted as it ended): release
+    /// its result in order, keep its budget, and say what may start now.
     fn finished(&mut self, batch: &Batch, index: usize, ran: Ran) -> (Vec<Start>, std::ops::Range<usize>) {
-        self.admission.finish(index as u64, ran.modifier);
+        self.admission.finish();
         self.thresholds[index] = ran.threshold;
         self.results.finish(index, ran.result, &batch.events);
         self.finished += 1;
@@ -748,8 +750,6 @@ impl State {
 /// What one call's step from its turn to its result produced.
 pub(crate) struct Ran {
     pub(crate) result: ToolResult,
-    /// The call's change to the shared context.
-    pub(crate) modifier: Option<Value>,
     /// The per-tool budget its result was held to, which the per-message
     /// budget goes on from.
     pub(crate) threshold: Threshold,
@@ -758,18 +758,24 @@ pub(crate) struct Ran {
 impl Ran {
     /// The result of a call whose run panicked in the host.
     pub(crate) fn panicked(id: &str) -> Self {
-        Ran { result: ToolResult::error(id, RUN_PANICKED), modifier: None, threshold: Threshold::default() }
+        Ran { result: ToolResult::error(id, RUN_PANICKED), threshold: Threshold::default() }
     }
 }
 
-/// Run one planned call (or pass on its planning failure), hold its result
-/// to its tool's budget, and send `call_finished` with the call's figures:
-/// every call's step from its turn to its result, in a batch or in a stream
-/// of calls arriving one by one ([`crate::Arrival::run`]).
+/// Run one planned call (or pass on its planning failure), hand its
+/// context modifier, if it returned one, to `accept`, hold its result to its
+/// tool's budget, and send `call_finished` with the call's figures: every
+/// call's step from its turn to its result, in a batch or in a stream of
+/// calls arriving one by one ([`crate::Arrival::run`]).
+///
+/// A modifier `accept` refuses (it would take the shared context past its
+/// limit) fails the call: its result is an error saying so, and the
+/// context is as it was.
 pub(crate) async fn run_call(
     pool: &ToolPool,
     call: Result<Prepared, ToolResult>,
     context: Arc<Value>,
+    accept: impl FnOnce(Value) -> Result<(), Refused>,
     budget: &Budget,
     events: &Events,
     interrupt: &Interrupt,
@@ -777,14 +783,19 @@ pub(crate) async fn run_call(
     // A call that failed planning produced no output to hold.
     let call = match call {
         Ok(call) => call,
-        Err(result) => return Ran { result, modifier: None, threshold: Threshold::default() },
+        Err(result) => return Ran { result, threshold: Threshold::default() },
     };
     let threshold = budget.threshold(call.entry.tool.spec());
-    let Finished { result, modifier, mut recorder, span, entry } =
+    let Finished { mut result, modifier, mut recorder, span, entry } =
         match run_one(pool, call, context, events, interrupt).await {
             Ok(finished) => finished,
-            Err(result) => return Ran { result, modifier: None, threshold },
+            Err(result) => return Ran { result, threshold },
         };
+    if let Some(Err(refused)) = modifier.map(accept) {
+        recorder.outcome = Outcome::Limit;
+        result =
+            ToolResult::error(&result.tool_use_id, call::modifier_refused(&entry.tool.spec().name, &refused));
+    }
     let mut steps = Steps { recorder: &mut recorder, span: &span };
     let result = steps.time(Step::Budget, budget.per_tool(result, threshold)).await;
     let figures = recorder.is_on().then(|| recorder.figures(&entry.tool.spec().name));
@@ -800,7 +811,7 @@ pub(crate) async fn run_call(
         is_error: result.is_error,
         figures: figures.map(Box::new),
     });
-    Ran { result, modifier, threshold }
+    Ran { result, threshold }
 }
 
 /// Run a planned call from its start; an `Err` is the result of a call an

@@ -18,6 +18,7 @@ use crate::events::Event;
 use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
 use crate::run::call::{self, NOT_STARTED, PLANNING_PANICKED};
+use crate::run::context::Refused;
 use crate::run::interrupt::Interrupt;
 use crate::run::partition::Admission;
 use crate::run::scheduler::{self, Events, Ran, RunOptions};
@@ -88,7 +89,7 @@ enum Go {
 impl CallStream {
     pub(crate) fn new(pool: Arc<ToolPool>, options: Arc<RunOptions>, context: Value) -> Self {
         let window = scheduler::planning_window(options.cap);
-        let admission = Admission::new(options.cap, context);
+        let admission = Admission::new(options.cap, context, options.max_context);
         let state = State { next_number: 0, waiting: VecDeque::new(), admission };
         CallStream { shared: Arc::new(Shared { pool, options, window, state: Mutex::new(state) }) }
     }
@@ -145,7 +146,7 @@ impl Shared {
             // turn comes back and is given up at once, under this lock.
             if let Err(Go::Turn(mut started)) = turn.send(Go::Turn(started)) {
                 started.armed = false;
-                state.leave(started.number, None);
+                state.leave();
             }
         }
         for waiter in state.waiting.iter_mut().take(self.window) {
@@ -165,9 +166,10 @@ impl State {
         self.waiting.iter_mut().find(|waiter| waiter.number == number)
     }
 
-    /// A call that ran finished with `modifier`.
-    fn leave(&mut self, number: u64, modifier: Option<Value>) {
-        self.admission.finish(number, modifier);
+    /// A call that ran finished; its modifier, if any, was accepted as it
+    /// ended ([`Turn::accept`]).
+    fn leave(&mut self) {
+        self.admission.finish();
         if self.admission.is_idle() {
             self.admission.close_run();
         }
@@ -316,13 +318,14 @@ impl Arrival {
             &stream.pool,
             Ok(planned),
             turn.context.clone(),
+            |patch| turn.accept(patch),
             &stream.options.budget,
             &events,
             interrupt,
         );
         let ran = AssertUnwindSafe(running).catch_unwind().await;
-        let Ran { result, modifier, threshold } = ran.unwrap_or_else(|_| Ran::panicked(&tool_use.id));
-        turn.finish(modifier);
+        let Ran { result, threshold } = ran.unwrap_or_else(|_| Ran::panicked(&tool_use.id));
+        turn.finish();
         let mut results = [result];
         stream.options.per_message(&mut results, &[threshold]).await;
         let [result] = results;
@@ -362,8 +365,9 @@ impl Drop for Withdraw<'_> {
     }
 }
 
-/// A call's turn to run, with the context it sees. [`Turn::finish`] gives
-/// it back with the call's modifier; dropping it gives it back without one.
+/// A call's turn to run, with the context it sees. [`Turn::accept`] takes
+/// the call's modifier as it ends; [`Turn::finish`], or dropping it, gives
+/// the turn back.
 struct Turn {
     stream: Arc<Shared>,
     number: u64,
@@ -372,22 +376,27 @@ struct Turn {
 }
 
 impl Turn {
-    fn finish(mut self, modifier: Option<Value>) {
-        self.release(modifier);
+    /// The call returned `modifier`: see [`Admission::accept`].
+    fn accept(&self, modifier: Value) -> Result<(), Refused> {
+        self.stream.lock().admission.accept(self.number, modifier)
     }
 
-    fn release(&mut self, modifier: Option<Value>) {
+    fn finish(mut self) {
+        self.release();
+    }
+
+    fn release(&mut self) {
         if !std::mem::replace(&mut self.armed, false) {
             return;
         }
         let mut state = self.stream.lock();
-        state.leave(self.number, modifier);
+        state.leave();
         self.stream.pump(&mut state);
     }
 }
 
 impl Drop for Turn {
     fn drop(&mut self) {
-        self.release(None);
+        self.release();
     }
 }
