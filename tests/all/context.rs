@@ -240,3 +240,167 @@ impl Invocation for HopCall {
         Ok(CallOutput { context_modifier: Some(json!({ "cwd": cwd })), ..CallOutput::text("hopped") })
     }
 }
+
+/// A native tool that adds `bytes` bytes under `key` to the context, like a
+/// plugin that grows it call after call; safe (it runs beside other safe
+/// calls) when `safe` is set.
+struct Grow(ToolSpec);
+
+fn grow_tool() -> Arc<Grow> {
+    let schema = json!({
+        "type": "object",
+        "properties": {
+            "key": { "type": "string" },
+            "bytes": { "type": "integer", "minimum": 0 },
+            "safe": { "type": "boolean" },
+        },
+        "required": ["key", "bytes"],
+    });
+    Arc::new(Grow(ToolSpec::native("grow", "Adds bytes to the context.", schema)))
+}
+
+fn grow(id: &str, key: &str, bytes: usize, safe: bool) -> ToolUse {
+    ToolUse::new(id, "grow", json!({ "key": key, "bytes": bytes, "safe": safe }))
+}
+
+#[async_trait]
+impl Tool for Grow {
+    fn spec(&self) -> &ToolSpec {
+        &self.0
+    }
+
+    async fn invoke(&self, input: Value, _context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {
+        Ok(Box::new(GrowCall(input)))
+    }
+}
+
+struct GrowCall(Value);
+
+#[async_trait]
+impl Invocation for GrowCall {
+    fn input(&self) -> &Value {
+        &self.0
+    }
+
+    fn set_input(&mut self, input: Value) {
+        self.0 = input;
+    }
+
+    fn set_context(&mut self, _context: Arc<Value>) {}
+
+    async fn is_concurrency_safe(&mut self) -> bool {
+        self.0["safe"].as_bool().unwrap_or(false)
+    }
+
+    async fn is_read_only(&mut self) -> bool {
+        true
+    }
+
+    async fn call(self: Box<Self>, _cx: CallContext) -> Result<CallOutput, CallError> {
+        let (key, bytes) = (self.0["key"].as_str().unwrap(), self.0["bytes"].as_u64().unwrap());
+        let padding = "x".repeat(bytes as usize);
+        Ok(CallOutput { context_modifier: Some(json!({ key: padding })), ..CallOutput::text("grown") })
+    }
+}
+
+/// `world`, with `grow` beside its tools.
+fn grow_world(keel_toml: &str) -> (tempfile::TempDir, Host) {
+    let (workspace, builder) = world(keel_toml);
+    let host = block_on(builder.tool(grow_tool()).build()).unwrap();
+    (workspace, host)
+}
+
+fn refused_for_size(result: &ToolResult) {
+    let text = result.content.text();
+    assert!(result.is_error, "{result:?}");
+    assert!(text.starts_with("grow failed: context size limit (context_kib) of "), "{text}");
+    assert!(text.contains("the context is as it was"), "{text}");
+}
+
+#[test]
+fn a_change_past_the_context_limit_fails_its_call_and_later_calls_of_other_tools_run() {
+    // The default limit, 1 MiB: the second 600 KiB change would pass it.
+    let (workspace, host) = grow_world("");
+    std::fs::create_dir(workspace.path().join("notes")).unwrap();
+    let batch = vec![
+        grow("g1", "a", 600 << 10, false),
+        grow("g2", "b", 600 << 10, false),
+        cd("c1", "notes"),
+        write("w1", "write_file", "k.txt"),
+    ];
+    let (events, results, context) = crate::events_of(&host, batch);
+    assert!(!results[0].is_error, "{:?}", results[0]);
+    refused_for_size(&results[1]);
+    assert!(results[1].content.text().contains("of 1 MiB exceeded"), "{:?}", results[1]);
+    assert!(!results[2].is_error && !results[3].is_error, "{results:?}");
+    assert_eq!(std::fs::read_to_string(workspace.path().join("notes/k.txt")).unwrap(), "overwritten");
+    assert_eq!(context["a"].as_str().map(str::len), Some(600 << 10));
+    assert!(context.get("b").is_none(), "the refused change was not applied");
+    assert_eq!(context["cwd"], "/workspace/notes");
+    let finished = events.iter().find_map(|event| match event {
+        keel_host::Event::CallFinished { tool_use_id, is_error, figures } if tool_use_id == "g2" => {
+            Some((*is_error, figures.as_ref().map(|figures| figures.outcome)))
+        }
+        _ => None,
+    });
+    assert_eq!(finished, Some((true, Some(keel_host::events::figures::Outcome::Limit))));
+}
+
+#[test]
+fn a_batch_of_one_is_held_to_the_context_limit_from_the_context_it_is_handed() {
+    let (_workspace, host) = grow_world("[limits]\ncontext_kib = 64\n");
+    let outcome = block_on(async {
+        let context = json!({ "cwd": "/workspace", "a": "x".repeat(40 << 10) });
+        let mut run = host.start_batch(vec![grow("g1", "b", 40 << 10, false)], context);
+        while run.next_event().await.is_some() {}
+        run.finish().await
+    });
+    refused_for_size(&outcome.results[0]);
+    assert!(outcome.results[0].content.text().contains("of 64 KiB exceeded"), "{:?}", outcome.results[0]);
+    assert!(outcome.context.get("b").is_none());
+    assert_eq!(outcome.context["a"].as_str().map(str::len), Some(40 << 10));
+}
+
+#[test]
+fn the_changes_of_a_concurrent_run_are_held_to_the_context_limit_together() {
+    // Any two of the three 30 KiB changes fit in 64 KiB; all three do not.
+    let (_workspace, host) = grow_world("[limits]\ncontext_kib = 64\n");
+    let batch =
+        [grow("g1", "a", 30 << 10, true), grow("g2", "b", 30 << 10, true), grow("g3", "c", 30 << 10, true)];
+    let outcome = block_on(host.run_batch(&batch));
+    let refused: Vec<&ToolResult> = outcome.results.iter().filter(|result| result.is_error).collect();
+    assert_eq!(refused.len(), 1, "{:?}", outcome.results);
+    refused_for_size(refused[0]);
+    assert!(refused[0].content.text().contains("calls run beside it"), "{:?}", refused[0]);
+    let kept = ["a", "b", "c"].iter().filter(|key| outcome.context.get(**key).is_some()).count();
+    assert_eq!(kept, 2, "the two accepted changes apply when the run ends");
+}
+
+#[test]
+fn calls_arriving_one_by_one_are_held_to_the_context_limit_and_the_stream_goes_on() {
+    // What `keel serve` runs its calls through: the context outlives each
+    // call, so a refused change must leave it as it was.
+    let (workspace, host) = grow_world("[limits]\ncontext_kib = 64\n");
+    std::fs::create_dir(workspace.path().join("notes")).unwrap();
+    let stream = host.stream(keel_host::context::initial());
+    let interrupt = Interrupt::new();
+    let run = |tool_use: ToolUse| block_on(stream.arrive().run(tool_use, None, &interrupt));
+    assert!(!run(grow("g1", "a", 40 << 10, false)).is_error);
+    refused_for_size(&run(grow("g2", "b", 40 << 10, false)));
+    let (first, second) = block_on(async {
+        let (first, second) = (stream.arrive(), stream.arrive());
+        tokio::join!(
+            first.run(grow("g3", "c", 20 << 10, true), None, &interrupt),
+            second.run(grow("g4", "d", 20 << 10, true), None, &interrupt)
+        )
+    });
+    assert!(first.is_error != second.is_error, "one of the two fits: {first:?} {second:?}");
+    refused_for_size(if first.is_error { &first } else { &second });
+    assert!(!run(cd("c1", "notes")).is_error);
+    assert!(!run(write("w1", "write_file", "k.txt")).is_error);
+    assert!(workspace.path().join("notes/k.txt").is_file());
+    let context = stream.context();
+    assert!(context.get("b").is_none());
+    assert_eq!(context["cwd"], "/workspace/notes");
+    assert!(keel_host::context::size(&context) <= 64 << 10);
+}
