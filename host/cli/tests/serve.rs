@@ -1055,3 +1055,93 @@ fn an_error_reply_is_the_clients_to_read_not_a_warning_in_the_servers_log() {
     let stderr = std::fs::read_to_string(stderr_path(workspace.path())).unwrap();
     assert_eq!(stderr, "", "the server's log");
 }
+
+impl Raw {
+    /// Write `bytes` to the server as they are.
+    fn send_bytes(&mut self, bytes: &[u8]) {
+        let stdin = self.stdin.as_mut().unwrap();
+        stdin.write_all(bytes).unwrap();
+        stdin.flush().unwrap();
+    }
+
+    /// The next reply, passing over notifications.
+    fn next_reply(&self) -> Value {
+        loop {
+            let message = self.next();
+            if message.get("result").is_some() || message.get("error").is_some() {
+                return message;
+            }
+        }
+    }
+}
+
+/// The error code and message of `reply`.
+fn raw_error(reply: &Value) -> (i64, &str) {
+    let error = &reply["error"];
+    (
+        error["code"].as_i64().unwrap_or_else(|| panic!("an error: {reply}")),
+        error["message"].as_str().unwrap_or_else(|| panic!("an error message: {reply}")),
+    )
+}
+
+#[test]
+fn a_request_serde_cannot_read_or_whose_id_cannot_be_read_is_still_answered() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(workspace.path(), &[]);
+    let deep = format!(
+        r#"{{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{{"name":"echo","arguments":{{"text":"x","d":{}{}}}}}}}"#,
+        "[".repeat(130),
+        "]".repeat(130)
+    );
+    let lines = [
+        r#"{"jsonrpc":"2.0","id":1,"method":"tools/call","params":{"name":"echo","arguments":{"text":"a\ud800b"}}}"#.to_string(),
+        r#"{"jsonrpc":"2.0","id":2,"method":"ping","params":{"x":"\udc00"}}"#.to_string(),
+        deep,
+        format!(r#"{{"jsonrpc":"2.0","id":{},"method":"ping"}}"#, "1".repeat(401)),
+        r#"{"jsonrpc":"2.0","id":1x,"method":"ping"}"#.to_string(),
+        r#"{"jsonrpc":"2.0","id":9,"method":"ping"}"#.to_string(),
+    ];
+    raw.send_bytes(format!("{}\n", lines.join("\n")).as_bytes());
+    let (mut by_id, mut without_id) = (BTreeMap::new(), Vec::new());
+    while by_id.len() + without_id.len() < 6 {
+        let reply = raw.next_reply();
+        match reply.get("id") {
+            Some(id) => assert!(by_id.insert(id.to_string(), reply.clone()).is_none(), "{reply}"),
+            None => without_id.push(reply),
+        }
+    }
+    let error = |id: &str| raw_error(&by_id[id]);
+    assert_eq!(error("1").0, -32700, "a lone surrogate");
+    assert!(error("1").1.starts_with("the request is not valid JSON: "), "{:?}", error("1"));
+    assert_eq!(
+        error("2"),
+        (-32700, "the request is not valid JSON: lone leading surrogate in hex escape at line 1 column 61")
+    );
+    assert_eq!(error("3").0, -32600, "{:?}", error("3"));
+    assert!(error("3").1.starts_with("the request is nested too deeply to read: "), "{:?}", error("3"));
+    assert_eq!(by_id["9"]["result"], json!({}), "the server goes on");
+    let mut messages: Vec<(i64, &str)> = without_id.iter().map(raw_error).collect();
+    messages.sort();
+    let why = "cannot be read: an id must be a string or an integer from -9223372036854775808 to \
+               9223372036854775807";
+    assert_eq!(
+        messages,
+        [
+            (-32600, format!("the request's id {}… (401 bytes) {why}", "1".repeat(64)).as_str()),
+            (-32600, format!("the request's id 1x {why}").as_str()),
+        ]
+    );
+    raw.close();
+}
+
+#[test]
+fn a_last_request_without_a_newline_is_answered_at_the_end_of_the_input() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(workspace.path(), &[]);
+    raw.send_bytes(br#"{"jsonrpc":"2.0","id":"last","method":"tools/list"}"#);
+    drop(raw.stdin.take());
+    let reply = raw.next_reply();
+    assert_eq!(reply["id"], "last", "{reply}");
+    assert!(reply["result"]["tools"].as_array().is_some_and(|tools| !tools.is_empty()), "{reply}");
+    raw.close();
+}

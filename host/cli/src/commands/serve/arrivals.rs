@@ -15,7 +15,9 @@
 //! And it answers a request that reuses the id of one not yet answered
 //! itself, with an error: rmcp keeps one responder per id, so the two would
 //! share one reply and the client would wait for the other for ever, while
-//! the request ran all the same.
+//! the request ran all the same. And a request whose id cannot be read
+//! (stood in for beneath it, [`unreadable`]), it answers with an error
+//! without an id.
 //!
 //! [`Arrival`]: keel_host::Arrival
 
@@ -36,6 +38,7 @@ use rmcp::transport::Transport;
 use keel_host::Arrival;
 
 use super::fast_calls::{self, CallLane};
+use super::unreadable;
 use super::{Live, Shelf};
 
 /// A `tools/call`'s place: its arrival, in the stream of the pool served
@@ -116,13 +119,22 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
                         continue;
                     }
                 }
-                JsonRpcMessage::Notification(notification) => {
-                    if let ClientNotification::CancelledNotification(cancelled) = &notification.notification
-                        && let Some(id) = &cancelled.params.request_id
-                    {
-                        self.unanswered.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+                JsonRpcMessage::Notification(notification) => match &notification.notification {
+                    ClientNotification::CancelledNotification(cancelled) => {
+                        if let Some(id) = &cancelled.params.request_id {
+                            self.unanswered.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+                        }
                     }
-                }
+                    ClientNotification::CustomNotification(custom)
+                        if custom.method == unreadable::UNREADABLE_ID_METHOD =>
+                    {
+                        let message = custom.params.as_ref().and_then(|params| params["message"].as_str());
+                        let message = message.unwrap_or("the request's id cannot be read").to_owned();
+                        self.answer_without_id(ErrorData::invalid_request(message, None)).await;
+                        continue;
+                    }
+                    _ => {}
+                },
                 _ => {}
             }
             break message;
@@ -152,10 +164,21 @@ impl<T: Transport<RoleServer>> Arrivals<T> {
             serde_json::to_string(&id).unwrap_or_default()
         );
         let error = JsonRpcMessage::error(ErrorData::invalid_request(message, None), Some(id));
+        self.write_here(error, "a request that reused an id").await;
+    }
+
+    /// Send `error` with no id: the request it answers has none that can
+    /// be read.
+    async fn answer_without_id(&mut self, error: ErrorData) {
+        self.write_here(JsonRpcMessage::error(error, None), "a request whose id cannot be read").await;
+    }
+
+    /// Write `message`, an answer the transport gives itself to `what`.
+    async fn write_here(&mut self, message: TxJsonRpcMessage<RoleServer>, what: &str) {
         if !self.gone.load(Ordering::Relaxed) {
-            let sent = self.inner.send(error).await;
+            let sent = self.inner.send(message).await;
             if let Err(error) = noted(&self.gone, sent) {
-                tracing::debug!("failed to answer a request that reused an id: {error}");
+                tracing::debug!("failed to answer {what}: {error}");
             }
         }
     }

@@ -10,15 +10,23 @@
 //! found in its first [`ID_SCAN_BYTES`] (or that is no request) is dropped
 //! with a warning, as there is no one to answer.
 //!
-//! A request rmcp cannot read for another reason is replaced the same way,
-//! by one of method [`INVALID_METHOD`] ([`stand_in`]): a line that is not
-//! JSON, which rmcp ignores, or one that is not a JSON-RPC 2.0 request (a
+//! Every other line is read here as rmcp would read it, and what rmcp reads
+//! goes to it read ([`fast_calls`]). A request rmcp cannot read is replaced
+//! by one of method [`INVALID_METHOD`] ([`stand_in_for`]): a line that is not
+//! JSON, which rmcp ignores; one that is not a JSON-RPC 2.0 request (a
 //! `jsonrpc` other than `"2.0"`, a `method` that is no string, `params` that
-//! are no object), which rmcp answers without its id. Either way the client
-//! would wait for a reply forever; it gets a parse or invalid-request error
-//! of its request's id naming what is wrong. A line without an id or a
-//! `method` (a reply, or what a peer echoed of one) is left to rmcp, so an
-//! error never answers an error.
+//! are no object), which rmcp answers without its id; one that serde cannot
+//! read (a lone surrogate escaped in a string, arrays and objects nested past
+//! its recursion limit), which rmcp ignores. Either way the client would wait
+//! for a reply forever; it gets an error of its request's id naming what is
+//! wrong. A request whose `id` is there but is neither a string nor an
+//! integer rmcp can hold (`1.5`, `2^64`, an object) cannot be answered by
+//! its id: it is replaced by a notification of method
+//! [`UNREADABLE_ID_METHOD`], which the transport answers with an error
+//! without an id, naming the id. A line without an id or a `method` (a reply,
+//! or what a peer echoed of one) is left to rmcp, so an error never answers
+//! an error. A last line that the end of the input cuts off without a newline
+//! is read as if it had one.
 //!
 //! Reading every line first, it is also where a plain `tools/call` request
 //! is decoded without rmcp's slower way ([`fast_calls`]).
@@ -29,7 +37,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use rmcp::RoleServer;
-use rmcp::model::ErrorCode;
+use rmcp::model::{ErrorCode, RequestId};
 use rmcp::service::RxJsonRpcMessage;
 use serde::Deserialize;
 use serde_json::value::RawValue;
@@ -51,6 +59,14 @@ pub const TOO_LARGE_METHOD: &str = "keel/message-too-large";
 /// The method of the request that stands in for one rmcp cannot read; its
 /// params are the error's `code` and `message`.
 pub const INVALID_METHOD: &str = "keel/invalid-request";
+
+/// The method of the notification that stands in for a request whose `id`
+/// cannot be read; its params are the `message` of the error, which has no
+/// id.
+pub const UNREADABLE_ID_METHOD: &str = "keel/unreadable-id";
+
+/// How much of an id that cannot be read an error quotes.
+const ID_QUOTED_CHARS: usize = 64;
 
 /// Reads lines from `inner`, replacing any longer than the cap. A line is
 /// held until it ends (as the transport above would buffer it anyway), so
@@ -128,9 +144,12 @@ impl<R> BoundedLines<R> {
                 Some(size) => self.replace(size),
                 None => match self.lane.as_ref().and_then(|_| fast_calls::decode(&self.held)) {
                     Some(call) => decoded = Some(call),
-                    None => match stand_in(&self.held) {
-                        Some(stand_in) => self.out.extend_from_slice(stand_in.as_bytes()),
-                        None => self.out.extend_from_slice(&self.held),
+                    None => match examine(&self.held) {
+                        // What rmcp reads is read once, here, where there
+                        // is a lane to hand it over in.
+                        Line::Read(message) if self.lane.is_some() => decoded = Some(message),
+                        Line::Replaced(stand_in) => self.out.extend_from_slice(stand_in.as_bytes()),
+                        Line::Read(_) | Line::AsIs => self.out.extend_from_slice(&self.held),
                     },
                 },
             }
@@ -142,12 +161,17 @@ impl<R> BoundedLines<R> {
     /// Hand out, in place of an oversized line of `size` bytes whose start
     /// is `held`, a request of the same id asking for the error.
     fn replace(&mut self, size: usize) {
-        match request_id(&self.held) {
-            Some(id) => {
+        match id_of(&leading_members(&self.held)) {
+            Id::Readable(id) => {
                 let params = serde_json::json!({ "bytes": size, "limit": self.cap });
                 self.out.extend_from_slice(request_line(&id, TOO_LARGE_METHOD, &params).as_bytes());
             }
-            None => tracing::warn!(
+            Id::Unreadable(why) => {
+                let message = format!("{why}; the request, {size} bytes, is over the limit of {}", self.cap);
+                let params = serde_json::json!({ "message": message });
+                self.out.extend_from_slice(notification_line(UNREADABLE_ID_METHOD, &params).as_bytes());
+            }
+            Id::Absent => tracing::warn!(
                 bytes = size,
                 "dropped a message over the {} byte limit: no request id to answer in its start",
                 self.cap
@@ -192,9 +216,14 @@ impl<R: AsyncRead + Unpin> AsyncRead for BoundedLines<R> {
             let filled = read.filled().len();
             this.unread = 0..filled;
             if filled == 0 {
-                // The end: a last line without a newline goes as it is.
-                if this.skipping.is_none() && !this.held.is_empty() {
-                    this.out.append(&mut this.held);
+                // The end: a last line without a newline ends here. rmcp's
+                // transport would drop it unread.
+                if this.skipping.is_some() || !this.held.is_empty() {
+                    let (_, decoded) = this.take(b"\n");
+                    if let (Some(call), Some(lane)) = (decoded, &this.lane) {
+                        lane.put(call);
+                        return Poll::Pending;
+                    }
                     continue;
                 }
                 return Poll::Ready(Ok(()));
@@ -203,26 +232,71 @@ impl<R: AsyncRead + Unpin> AsyncRead for BoundedLines<R> {
     }
 }
 
-/// In place of `line`, a request of its id and method [`INVALID_METHOD`]
-/// whose params are the error owed to it, when `line` is a request (it
-/// names an `id` and a `method`) that rmcp cannot read: not JSON, or not a
-/// JSON-RPC 2.0 request ([`fault`]). `None` for every other line.
-pub fn stand_in(line: &[u8]) -> Option<String> {
-    let (code, message) = fault(line)?;
-    let members = leading_members(line);
-    let id = id_of(&members)?;
-    members.iter().any(|(key, _)| *key == b"method").then_some(())?;
-    // Only what rmcp refuses: whatever it reads is its to answer.
-    if serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(line).is_ok() {
-        return None;
+/// What becomes of a whole line.
+#[allow(
+    clippy::large_enum_variant,
+    reason = "handed back once, never kept: boxing the message would cost an allocation a line"
+)]
+enum Line {
+    /// Passed on as it is, for rmcp to read, or ignore.
+    AsIs,
+    /// Read: the message rmcp makes of it.
+    Read(RxJsonRpcMessage<RoleServer>),
+    /// A request rmcp cannot read, replaced by this stand-in line.
+    Replaced(String),
+}
+
+/// What becomes of `line`: read as rmcp reads it; or, when rmcp cannot read
+/// it, replaced ([`stand_in_for`]) or passed on.
+fn examine(line: &[u8]) -> Line {
+    match serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(line) {
+        Ok(message) => Line::Read(message),
+        Err(error) => stand_in_for(line, &error).map_or(Line::AsIs, Line::Replaced),
     }
-    let params = serde_json::json!({ "code": code.0, "message": message });
-    Some(request_line(&id, INVALID_METHOD, &params))
+}
+
+/// In place of `line`, when it is a request (it names an `id` and a
+/// `method`) that rmcp fails to read with `error`: a request of its id and
+/// method [`INVALID_METHOD`] whose params are the error owed to it
+/// ([`fault`]), or, when the id itself cannot be read, a notification of
+/// method [`UNREADABLE_ID_METHOD`] naming it. `None` for every other line.
+fn stand_in_for(line: &[u8], error: &serde_json::Error) -> Option<String> {
+    let members = leading_members(line);
+    members.iter().any(|(key, _)| *key == b"method").then_some(())?;
+    match id_of(&members) {
+        Id::Absent => None,
+        Id::Readable(id) => {
+            let (code, message) = fault(line).unwrap_or_else(|| unreadable(error));
+            let params = serde_json::json!({ "code": code.0, "message": message });
+            Some(request_line(&id, INVALID_METHOD, &params))
+        }
+        Id::Unreadable(why) => {
+            Some(notification_line(UNREADABLE_ID_METHOD, &serde_json::json!({ "message": why })))
+        }
+    }
+}
+
+/// The error owed to a request whose members are what JSON-RPC 2.0 asks
+/// but that rmcp fails to read with `error`: serde cannot read a value in
+/// it, or what MCP makes of it.
+fn unreadable(error: &serde_json::Error) -> (ErrorCode, String) {
+    if error.to_string().starts_with("recursion limit exceeded") {
+        (ErrorCode::INVALID_REQUEST, format!("the request is nested too deeply to read: {error}"))
+    } else if error.is_syntax() || error.is_eof() {
+        (ErrorCode::PARSE_ERROR, format!("the request is not valid JSON: {error}"))
+    } else {
+        (ErrorCode::INVALID_REQUEST, format!("the request is not one MCP defines: {error}"))
+    }
 }
 
 /// The line of a JSON-RPC request of `id` (JSON text), `method` and `params`.
 fn request_line(id: &str, method: &str, params: &serde_json::Value) -> String {
     format!("{{\"jsonrpc\":\"2.0\",\"id\":{id},\"method\":\"{method}\",\"params\":{params}}}\n")
+}
+
+/// The line of a JSON-RPC notification of `method` and `params`.
+fn notification_line(method: &str, params: &serde_json::Value) -> String {
+    format!("{{\"jsonrpc\":\"2.0\",\"method\":\"{method}\",\"params\":{params}}}\n")
 }
 
 /// What is wrong with `line` as a JSON-RPC 2.0 request, as the error
@@ -262,18 +336,38 @@ fn fault(line: &[u8]) -> Option<(ErrorCode, String)> {
     Some((ErrorCode::INVALID_REQUEST, format!("the request is not a JSON-RPC 2.0 request: {wrong}")))
 }
 
-/// The `id` of the JSON-RPC request whose text starts with `start`, as JSON
-/// text (`7`, `"abc"`), when its top-level object names one in `start`.
-pub fn request_id(start: &[u8]) -> Option<String> {
-    id_of(&leading_members(start))
+/// A request's `id`, as far as it can be read.
+enum Id {
+    /// None, or `null`: a notification, or a line with no id to answer.
+    Absent,
+    /// One rmcp reads, as the JSON text that writes it.
+    Readable(String),
+    /// One rmcp cannot read, and why, naming it.
+    Unreadable(String),
 }
 
-/// The `id` among `members` (see [`leading_members`]) as JSON text, when it
-/// is one a request may have: a string or a number.
-fn id_of(members: &[(&[u8], &[u8])]) -> Option<String> {
-    let (_, id) = members.iter().find(|(key, _)| *key == b"id")?;
-    let is_id = id.first().is_some_and(|b| *b == b'"' || *b == b'-' || b.is_ascii_digit());
-    is_id.then(|| String::from_utf8_lossy(id).into_owned())
+/// The `id` among `members` (see [`leading_members`]): one a request may
+/// have, a string or an integer within 64 bits, as rmcp reads it.
+fn id_of(members: &[(&[u8], &[u8])]) -> Id {
+    let Some((_, text)) = members.iter().find(|(key, _)| *key == b"id") else { return Id::Absent };
+    if *text == b"null" {
+        return Id::Absent;
+    }
+    match serde_json::from_slice::<RequestId>(text) {
+        Ok(id) => Id::Readable(serde_json::to_string(&id).expect("an id serializes")),
+        Err(_) => {
+            let text = String::from_utf8_lossy(text);
+            let quoted = match text.char_indices().nth(ID_QUOTED_CHARS) {
+                Some((at, _)) => format!("{}… ({} bytes)", &text[..at], text.len()),
+                None => text.into_owned(),
+            };
+            Id::Unreadable(format!(
+                "the request's id {quoted} cannot be read: an id must be a string or an integer from {} to {}",
+                i64::MIN,
+                i64::MAX
+            ))
+        }
+    }
 }
 
 /// The members of the JSON object whose text starts with `start`, in order,
@@ -398,6 +492,22 @@ mod tests {
 
     use super::*;
 
+    /// In place of `line`, the stand-in of [`stand_in_for`], when rmcp
+    /// cannot read it.
+    fn stand_in(line: &[u8]) -> Option<String> {
+        let error = serde_json::from_slice::<RxJsonRpcMessage<RoleServer>>(line).err()?;
+        stand_in_for(line, &error)
+    }
+
+    /// The `id` of the request whose text starts with `start`, as JSON text
+    /// (`7`, `"abc"`), when it names one there that rmcp can read.
+    fn request_id(start: &[u8]) -> Option<String> {
+        match id_of(&leading_members(start)) {
+            Id::Readable(id) => Some(id),
+            Id::Absent | Id::Unreadable(_) => None,
+        }
+    }
+
     #[test]
     fn the_top_level_id_is_found_wherever_it_is() {
         assert_eq!(request_id(br#"{"jsonrpc":"2.0","id":7,"method":"x"}"#).as_deref(), Some("7"));
@@ -410,6 +520,14 @@ mod tests {
         assert_eq!(request_id(br#"{"id":12"#), None, "a number cut short is not known whole");
         assert_eq!(request_id(br#"{"id":null,"method":"x"}"#), None, "a notification has no id to answer");
         assert_eq!(request_id(b"[1,2]"), None);
+        // As rmcp reads it, and written as JSON: never the text as it came.
+        assert_eq!(request_id(br#"{"id":1e2,"method":"x"}"#).as_deref(), Some("100"));
+        assert_eq!(request_id(br#"{"id":"\u0041","method":"x"}"#).as_deref(), Some(r#""A""#));
+        for unreadable in
+            [&br#"{"id":1x,"method":"x"}"#[..], br#"{"id":1.5,"method":"x"}"#, br#"{"id":true}"#]
+        {
+            assert_eq!(request_id(unreadable), None, "{}", String::from_utf8_lossy(unreadable));
+        }
     }
 
     #[test]
@@ -446,6 +564,31 @@ mod tests {
             replaced(r#"{"jsonrpc":"2.0","id":1,"method":"tools/list","params":[]}"#),
             Some((json!(1), json!(-32600), json!(invalid("`params` must be an object"))))
         );
+        // What serde cannot read within a request whose members are right.
+        let surrogate = r#"{"jsonrpc":"2.0","id":3,"method":"ping","params":{"x":"a\ud800b"}}"#;
+        assert_eq!(
+            replaced(surrogate),
+            Some((
+                json!(3),
+                json!(-32700),
+                json!("the request is not valid JSON: unexpected end of hex escape at line 1 column 63")
+            ))
+        );
+        let deep = format!(
+            r#"{{"jsonrpc":"2.0","id":"d","method":"tools/call","params":{{"name":"echo","arguments":{{"d":{}{}}}}}}}"#,
+            "[".repeat(130),
+            "]".repeat(130)
+        );
+        assert_eq!(
+            replaced(&deep),
+            Some((
+                json!("d"),
+                json!(-32600),
+                json!(
+                    "the request is nested too deeply to read: recursion limit exceeded at line 1 column 214"
+                )
+            ))
+        );
         // What rmcp reads, it answers; a line with no id or no method has
         // no one to answer, or is a reply, and is left to it too.
         for line in [
@@ -454,13 +597,38 @@ mod tests {
             r#"{"jsonrpc":"2.0","method":"notifications/initialized","params":[]}"#,
             r#"{"jsonrpc":"2.0","id":1,"error":{"code":-32700,"message":"x"}"#,
             r#"{"jsonrpc":"2.0","method":"tools/call","params":{"#,
-            r#"{"jsonrpc":"2.0","id":{"a":1},"method":"ping","params":[]}"#,
             r#"[{"jsonrpc":"2.0","id":1,"method":"ping"}]"#,
             "not json",
             "",
         ] {
             assert_eq!(replaced(line), None, "{line}");
         }
+    }
+
+    #[test]
+    fn a_request_whose_id_cannot_be_read_is_replaced_by_a_notice_naming_the_id() {
+        let noticed = |line: &str| {
+            let stand_in: Value = serde_json::from_str(&stand_in(line.as_bytes())?).unwrap();
+            assert_eq!(stand_in["method"], UNREADABLE_ID_METHOD, "{line}");
+            assert!(stand_in.get("id").is_none(), "a notification: {stand_in}");
+            Some(stand_in["params"]["message"].as_str().unwrap().to_owned())
+        };
+        let why = |id: &str| {
+            format!(
+                "the request's id {id} cannot be read: an id must be a string or an integer from \
+                 -9223372036854775808 to 9223372036854775807"
+            )
+        };
+        for id in ["1.5", "18446744073709551616", "{\"a\":1}", "true", "1x", r#""\ud800""#] {
+            let line = format!(r#"{{"jsonrpc":"2.0","id":{id},"method":"ping"}}"#);
+            assert_eq!(noticed(&line), Some(why(id)), "{line}");
+        }
+        let long = "1".repeat(401);
+        let line = format!(r#"{{"jsonrpc":"2.0","id":{long},"method":"ping"}}"#);
+        assert_eq!(noticed(&line), Some(why(&format!("{}… (401 bytes)", &long[..64]))));
+        // A reply, or a notification, is never answered.
+        assert_eq!(noticed(r#"{"jsonrpc":"2.0","id":1.5,"result":{}}"#), None);
+        assert_eq!(noticed(r#"{"jsonrpc":"2.0","id":null,"method":"ping","params":7}"#), None);
     }
 
     async fn read_all(input: &[u8], cap: usize) -> String {
@@ -491,8 +659,19 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn lines_within_the_cap_pass_unchanged() {
+    async fn lines_within_the_cap_pass_unchanged_and_the_last_is_ended_with_a_newline() {
         let input = "{\"a\":1}\n{\"b\":2}\npartial";
-        assert_eq!(read_all(input.as_bytes(), 100).await, input);
+        // rmcp's transport drops a last line without one.
+        assert_eq!(read_all(input.as_bytes(), 100).await, format!("{input}\n"));
+        assert_eq!(read_all(b"{\"a\":1}\n", 100).await, "{\"a\":1}\n", "nothing is added to a line ended");
+    }
+
+    #[tokio::test]
+    async fn a_last_line_past_the_cap_without_a_newline_is_replaced_too() {
+        let big =
+            format!(r#"{{"jsonrpc":"2.0","id":4,"method":"ping","params":{{"t":"{}"}}}}"#, "x".repeat(500));
+        let out = read_all(big.as_bytes(), 100).await;
+        let stand_in: Value = serde_json::from_str(&out).unwrap();
+        assert_eq!((&stand_in["id"], &stand_in["method"]), (&json!(4), &json!(TOO_LARGE_METHOD)));
     }
 }
