@@ -56,7 +56,7 @@ pub enum Error {
     /// A plugin is not the one its pins (`keel.lock`, a `sha256` key) name.
     #[error("refused plugin {}: {reason}", path.display())]
     Pin {
-        /// The plugin file.
+        /// The plugin file, or the `oci://` reference it was pulled by.
         path: PathBuf,
         /// Which pin it breaks, with both digests.
         reason: String,

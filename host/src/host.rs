@@ -392,7 +392,7 @@ pub fn lock_entries<'a>(
                 continue;
             }
             return Err(Error::Pin {
-                path: path.clone(),
+                path: pins.named(path),
                 reason: format!(
                     "its tool {} is also the tool of {}, another component; a lock pins one component per \
                      tool name, so give only one of them",

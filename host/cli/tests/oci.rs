@@ -127,6 +127,22 @@ fn a_plugin_is_pulled_by_tag_and_by_digest_and_the_lock_records_the_digest() {
     assert_eq!(fresh.run_echo(&tag), "from the registry");
     let output = fresh.keel(&mut fresh.command(&["list", "--plugins", &tag, "--locked"]));
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+
+    // A pin a pulled plugin breaks names it by its reference, not by where
+    // the store keeps it.
+    let wrong = "0".repeat(64);
+    let pinning = Project::new();
+    std::fs::write(pinning.path().join("keel.toml"), format!("[plugins.echo]\nsha256 = \"{wrong}\"\n"))
+        .unwrap();
+    let stderr = support::keel_fails(&mut pinning.command(&["list", "--plugins", &by_digest]));
+    assert_eq!(
+        stderr.trim_end(),
+        format!(
+            "error: refused plugin {by_digest}: [plugins.echo] pins sha256 {wrong}, but the file's component has \
+             sha256 {}",
+            sha256(&component)
+        )
+    );
 }
 
 #[test]

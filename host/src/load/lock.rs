@@ -296,13 +296,13 @@ impl Pins {
     /// name; with `locked`, refuse it when the lock does not name it.
     pub fn check_plugin(&self, name: &str, file: &Path) -> Result<()> {
         let Some(sha256) = self.digest_of(file) else {
-            return Err(Error::Pin { path: file.to_path_buf(), reason: "its digest is not known".into() });
+            return Err(Error::Pin { path: self.named(file), reason: "its digest is not known".into() });
         };
         if let Some(pinned) = self.by_name.get(name)
             && *pinned != sha256
         {
             return Err(Error::Pin {
-                path: file.to_path_buf(),
+                path: self.named(file),
                 reason: format!(
                     "[plugins.{name}] pins sha256 {pinned}, but the file's component has sha256 {sha256}"
                 ),
@@ -311,7 +311,7 @@ impl Pins {
         match self.lock.as_ref().and_then(|lock| lock.entry(name)) {
             Some(pinned) if pinned.sha256 != sha256 => Err(self.mismatch(file, &pinned.sha256, &sha256)),
             None if self.locked => Err(Error::Pin {
-                path: file.to_path_buf(),
+                path: self.named(file),
                 reason: format!(
                     "{} does not name its tool {name} (--locked); run `keel lock` to pin it",
                     self.lock_path.display()
@@ -348,9 +348,15 @@ impl Pins {
         })
     }
 
+    /// `file` as an error names it: by the `oci://` reference it was pulled
+    /// by, not the place in the store that keeps it.
+    pub(crate) fn named(&self, file: &Path) -> PathBuf {
+        self.sources.get(file).map_or_else(|| file.to_path_buf(), PathBuf::from)
+    }
+
     fn mismatch(&self, file: &Path, pinned: &str, actual: &str) -> Error {
         Error::Pin {
-            path: file.to_path_buf(),
+            path: self.named(file),
             reason: format!(
                 "{} pins sha256 {pinned}, but the file's component has sha256 {actual}",
                 self.lock_path.display()
