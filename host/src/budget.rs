@@ -18,6 +18,13 @@
 //! claims to bound itself. A threshold above 400,000 chars is clamped to
 //! 400,000, which the byte cap then tightens further for multi-byte text.
 //!
+//! **What counts.** A result counts its text, each image by what it costs
+//! a model ([`image_chars`]), and its structured value by the chars and bytes
+//! of its JSON text, unless the text is that JSON (a value given no text is
+//! shown as it, and counted once). A persisted result keeps a structured
+//! value of at most [`KEPT_STRUCTURED_BYTES`]; a larger one is left out and
+//! the result becomes an error (see [`KEPT_STRUCTURED_BYTES`] for why).
+//!
 //! **Order.** As each call finishes, [`Budget::per_tool`] applies the first
 //! two tiers to its result. When every result of the message is in,
 //! [`Budget::per_message`] applies the third, consulting and extending the
@@ -52,10 +59,11 @@ use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
 
 pub use self::persist::{
-    PERSIST_FAILED_PREFIX, PERSISTED_OUTPUT_CLOSING_TAG, PERSISTED_OUTPUT_TAG, PREVIEW_SIZE_BYTES,
+    Counted, PERSIST_FAILED_PREFIX, PERSISTED_OUTPUT_CLOSING_TAG, PERSISTED_OUTPUT_TAG, PREVIEW_SIZE_BYTES,
     ResultStore, SessionDir, TOOL_RESULTS_SUBDIR, file_name, is_replacement, persist_failed, persisted_block,
-    preview,
+    persisted_block_counted, preview,
 };
+use self::persist::{StructuredPlace, structured_file_name, structured_left_out};
 use crate::batch::ToolResult;
 use crate::budget::ledger::{Decision, Ledger};
 use crate::content::{Content, ContentBlock, Image, ImageInfo};
@@ -89,6 +97,22 @@ pub const MAX_IMAGE_SIDE_PX: u64 = 8_000;
 /// Pixels per token of an image, as the Messages API counts an image's cost
 /// (`width × height / 750`).
 pub const IMAGE_PIXELS_PER_TOKEN: u64 = 750;
+
+/// The most bytes of JSON a structured value may hold and stay beside the
+/// preview of a persisted result: as many as the preview itself.
+///
+/// A result of a tool that declares an output schema carries a structured
+/// value (MCP's `structuredContent`), and an MCP client holds a successful
+/// result without one to be broken (the spec says such a tool MUST return
+/// one; the Python SDK raises). The value counts in the budgets as the text
+/// does, so when it is what made a result too large it cannot be kept whole,
+/// and a persisted result keeps it only when it is this small: then only the
+/// text (or the images) was too large, and the result stays a success with
+/// its value. A larger value is written to a file like the text, left out,
+/// and the result becomes an error saying so and where it went: an error
+/// result needs no structured value, and what reaches the model stays
+/// bounded by the preview and this.
+pub const KEPT_STRUCTURED_BYTES: usize = PREVIEW_SIZE_BYTES;
 
 /// Why an image persisted by the per-message tier was left out.
 const OVER_BUDGET: &str = "the result is over its budget";
@@ -137,6 +161,55 @@ pub fn content_chars(content: &Content) -> u64 {
             })
             .sum(),
     }
+}
+
+/// What one result counts for in the budgets.
+struct Measured {
+    /// Its text and images as [`content_chars`] counts them, and the chars
+    /// of `apart`.
+    chars: u64,
+    /// The UTF-8 bytes of its text and of `apart`.
+    bytes: u64,
+    /// The JSON text of its structured value, when that counts apart from
+    /// the text: there is a value and the text is not its JSON (a value the
+    /// tool gave no text for is shown as its JSON, counted once).
+    apart: Option<String>,
+    /// Its images.
+    images: usize,
+}
+
+impl Measured {
+    fn of(result: &ToolResult) -> Self {
+        let text = result.content.text();
+        let apart = result.structured.as_ref().map(json).filter(|json| *json != text);
+        let extra = |measure: fn(&str) -> u64| apart.as_deref().map_or(0, measure);
+        Measured {
+            chars: content_chars(&result.content).saturating_add(extra(|json| json.chars().count() as u64)),
+            bytes: (text.len() as u64).saturating_add(extra(|json| json.len() as u64)),
+            images: result.content.images().count(),
+            apart,
+        }
+    }
+
+    /// The header's account of what counted, when the text is not all of it.
+    fn counted(&self) -> Option<Counted> {
+        (self.images > 0 || self.apart.is_some()).then_some(Counted {
+            chars: self.chars,
+            images: self.images,
+            structured: self.apart.is_some(),
+        })
+    }
+}
+
+/// A structured value's JSON text, as the model reads a value given no text.
+fn json(value: &serde_json::Value) -> String {
+    serde_json::to_string(value).expect("a JSON value serializes")
+}
+
+/// What a persisted result keeps of `structured`: the value when its JSON is
+/// at most [`KEPT_STRUCTURED_BYTES`], else nothing.
+fn kept(structured: Option<serde_json::Value>) -> Option<serde_json::Value> {
+    structured.filter(|value| json(value).len() <= KEPT_STRUCTURED_BYTES)
 }
 
 /// Whether `content` is a replacement the budgets made (see [`is_replacement`]).
@@ -212,6 +285,20 @@ impl Threshold {
             (Threshold::Chars(chars), Content::Blocks(_)) => {
                 content.text().len() as u64 > MAX_TOOL_RESULT_BYTES || content_chars(content) > chars
             }
+        }
+    }
+
+    /// Whether `result` is past this threshold: its content as
+    /// [`Threshold::exceeded_by_content`], with its structured value's JSON
+    /// text counted in, chars and bytes, unless the text is that JSON.
+    pub fn exceeded_by_result(self, result: &ToolResult) -> bool {
+        self.exceeded(&Measured::of(result))
+    }
+
+    fn exceeded(self, measured: &Measured) -> bool {
+        match self {
+            Threshold::SelfBounded => false,
+            Threshold::Chars(chars) => measured.bytes > MAX_TOOL_RESULT_BYTES || measured.chars > chars,
         }
     }
 
@@ -371,20 +458,68 @@ impl Budget {
     /// text block naming the file, whatever the threshold. Past the
     /// threshold, a result with images is persisted whole: its text as a
     /// text result is, each image to a file of its own, and it becomes text.
+    ///
+    /// A structured value counts by its JSON text, unless the text is that
+    /// JSON (see [`Threshold::exceeded_by_result`]). A persisted result keeps
+    /// it when it is at most [`KEPT_STRUCTURED_BYTES`] of JSON; a larger one
+    /// is left out and the result becomes an error naming where it went.
     pub async fn per_tool(&self, result: ToolResult, threshold: Threshold) -> ToolResult {
-        let (mut result, refused) = self.refuse_images(result).await;
-        if !threshold.exceeded_by_content(&result.content) || is_replaced(&result.content, result.is_error) {
+        let (result, refused) = self.refuse_images(result).await;
+        let measured = Measured::of(&result);
+        if !threshold.exceeded(&measured) || is_replaced(&result.content, result.is_error) {
             if refused {
                 self.persisted.fetch_add(1, Ordering::Relaxed);
             }
             return result;
         }
-        let content = std::mem::take(&mut result.content);
         // Boxed, as in `refuse_images` and `per_message`: inline, the future
         // of a file write would swell that of every call, persisted or not.
+        Box::pin(self.persist_result(result, measured)).await
+    }
+
+    /// Persist `result` whole, measured as `measured`: its content as
+    /// [`Budget::persist_content`] does, and its structured value kept, or
+    /// left out (written to a file when it is not the text) with the result
+    /// an error, as [`KEPT_STRUCTURED_BYTES`] says.
+    async fn persist_result(&self, mut result: ToolResult, measured: Measured) -> ToolResult {
+        let content = std::mem::take(&mut result.content);
+        let id = result.tool_use_id.clone();
         (result.content, result.is_error) =
-            Box::pin(self.persist_content(&result.tool_use_id, content, result.is_error)).await;
-        result.structured = None;
+            self.persist_content(&id, content, result.is_error, measured.counted()).await;
+        let Some(value) = result.structured.take() else { return result };
+        let apart = measured.apart.is_some();
+        let json = measured.apart.unwrap_or_else(|| json(&value));
+        if json.len() <= KEPT_STRUCTURED_BYTES {
+            result.structured = Some(value);
+            return result;
+        }
+        drop(value);
+        let note = if apart {
+            let file = structured_file_name(&id);
+            let shown = persist::shown_path(&self.shown_root, &file);
+            let bytes = json.len();
+            let store = self.store.clone();
+            let written = tokio::task::spawn_blocking(move || store.write(&file, json.as_bytes()))
+                .await
+                .unwrap_or_else(|_| Err(std::io::Error::other("the writer panicked")));
+            match written {
+                Ok(()) => structured_left_out(bytes, StructuredPlace::Saved(&shown)),
+                Err(error) => {
+                    tracing::warn!("failed to persist the structured value of {id} to {shown}: {error}");
+                    structured_left_out(bytes, StructuredPlace::Failed(&shown, &error))
+                }
+            }
+        } else {
+            structured_left_out(json.len(), StructuredPlace::Text)
+        };
+        let mut blocks = match std::mem::take(&mut result.content) {
+            Content::Text(text) if text.is_empty() => Vec::new(),
+            Content::Text(text) => vec![ContentBlock::Text(text)],
+            Content::Blocks(blocks) => blocks,
+        };
+        blocks.push(ContentBlock::Text(note));
+        result.content = Content::from_blocks(blocks);
+        result.is_error = true;
         result
     }
 
@@ -409,16 +544,48 @@ impl Budget {
         (result, refused_any)
     }
 
+    /// How many chars the replacement [`Budget::persist_result`] makes of
+    /// `result` (measured as `measured`) counts for, its files written.
+    fn replacement_chars(&self, result: &ToolResult, measured: &Measured) -> u64 {
+        let structured = match (&result.structured, &measured.apart) {
+            (None, _) => 0,
+            (Some(_), Some(json)) if json.len() <= KEPT_STRUCTURED_BYTES => json.chars().count() as u64,
+            (Some(_), Some(json)) => {
+                let shown = persist::shown_path(&self.shown_root, &structured_file_name(&result.tool_use_id));
+                // And the line break that joins it to the blocks before.
+                structured_left_out(json.len(), StructuredPlace::Saved(&shown)).chars().count() as u64 + 1
+            }
+            (Some(value), None) => {
+                let json = json(value);
+                if json.len() <= KEPT_STRUCTURED_BYTES {
+                    json.chars().count() as u64
+                } else {
+                    structured_left_out(json.len(), StructuredPlace::Text).chars().count() as u64 + 1
+                }
+            }
+        };
+        self.content_replacement_chars(&result.tool_use_id, &result.content, measured.counted())
+            .saturating_add(structured)
+    }
+
     /// How many chars the replacement [`Budget::persist_content`] makes of
     /// `content` counts for, its files written.
-    fn replacement_chars(&self, tool_use_id: &str, content: &Content) -> u64 {
+    fn content_replacement_chars(
+        &self,
+        tool_use_id: &str,
+        content: &Content,
+        counted: Option<Counted>,
+    ) -> u64 {
         let text_chars = |text: &str| {
             let shown = persist::shown_path(&self.shown_root, &file_name(tool_use_id));
-            persist::persisted_block(text, &shown).chars().count() as u64
+            persist::persisted_block_counted(text, counted, &shown).chars().count() as u64
         };
         let blocks = match content {
-            // The block holds a text that fits its preview whole, and more.
-            Content::Text(text) if text.len() <= persist::PREVIEW_SIZE_BYTES => return u64::MAX,
+            // The block holds a text that fits its preview whole, and more;
+            // unless a structured value counted apart goes with it.
+            Content::Text(text) if text.len() <= persist::PREVIEW_SIZE_BYTES && counted.is_none() => {
+                return u64::MAX;
+            }
             Content::Text(text) => return text_chars(text),
             Content::Blocks(blocks) => blocks,
         };
@@ -437,12 +604,19 @@ impl Budget {
     }
 
     /// Persist `content` whole: what the model reads instead (text), and
-    /// whether it is an error.
-    async fn persist_content(&self, tool_use_id: &str, content: Content, is_error: bool) -> (Content, bool) {
+    /// whether it is an error. `counted` is what the result counted for
+    /// besides the text, given in the block's header.
+    async fn persist_content(
+        &self,
+        tool_use_id: &str,
+        content: Content,
+        is_error: bool,
+        counted: Option<Counted>,
+    ) -> (Content, bool) {
         self.persisted.fetch_add(1, Ordering::Relaxed);
         let blocks = match content {
             Content::Text(text) => {
-                let (text, is_error) = self.persist(tool_use_id, text, is_error).await;
+                let (text, is_error) = self.persist(tool_use_id, text, is_error, counted).await;
                 return (Content::Text(text), is_error);
             }
             Content::Blocks(blocks) => blocks,
@@ -451,7 +625,7 @@ impl Budget {
         let mut shown = Vec::new();
         let mut is_error = is_error;
         if !text.is_empty() {
-            let (block, failed) = self.persist(tool_use_id, text, is_error).await;
+            let (block, failed) = self.persist(tool_use_id, text, is_error, counted).await;
             is_error = failed;
             shown.push(ContentBlock::Text(block));
         }
@@ -524,13 +698,24 @@ impl Budget {
                 Some(Decision::Replaced { content, is_error }) => {
                     result.content = Content::Text(content.clone());
                     result.is_error = *is_error;
-                    result.structured = None;
+                    result.structured = kept(result.structured.take());
                 }
                 Some(Decision::Kept) => {}
                 None => undecided.push(index),
             }
         }
-        let mut sizes: Vec<u64> = results.iter().map(|result| content_chars(&result.content)).collect();
+        let mut measured: Vec<Option<Measured>> = results.iter().map(|_| None).collect();
+        for &index in &undecided {
+            measured[index] = Some(Measured::of(&results[index]));
+        }
+        let mut sizes: Vec<u64> = results
+            .iter()
+            .zip(&measured)
+            .map(|(result, measured)| match measured {
+                Some(measured) => measured.chars,
+                None => Measured::of(result).chars,
+            })
+            .collect();
         let mut total: u64 = sizes.iter().sum();
         let mut candidates: Vec<usize> = undecided
             .iter()
@@ -553,26 +738,25 @@ impl Budget {
                 let index = candidates[next];
                 next += 1;
                 let result = &results[index];
+                let measure = measured[index].as_ref().expect("an undecided result is measured");
                 // What a replacement would not shorten stays: persisting it
                 // cannot bring the message nearer its limit.
-                let replacement = self.replacement_chars(&result.tool_use_id, &result.content);
+                let replacement = self.replacement_chars(result, measure);
                 if replacement < sizes[index] {
                     projected = projected - sizes[index] + replacement;
                     chosen.push(index);
                 }
             }
             let writes = chosen.into_iter().map(|index| {
-                let result = &mut results[index];
-                let (id, content) = (result.tool_use_id.clone(), std::mem::take(&mut result.content));
-                let is_error = result.is_error;
-                async move { (index, self.persist_content(&id, content, is_error).await) }
+                let result = std::mem::replace(&mut results[index], ToolResult::ok("", ""));
+                let measure = measured[index].take().expect("an undecided result is measured");
+                async move { (index, self.persist_result(result, measure).await) }
             });
             let written: Vec<_> =
                 futures::stream::iter(writes).buffer_unordered(PARALLEL_WRITES).collect().await;
-            for (index, (content, is_error)) in written {
-                let result = &mut results[index];
-                (result.content, result.is_error, result.structured) = (content, is_error, None);
-                let size = content_chars(&result.content);
+            for (index, replaced) in written {
+                let size = Measured::of(&replaced).chars;
+                results[index] = replaced;
                 total = total - sizes[index] + size;
                 sizes[index] = size;
             }
@@ -591,7 +775,13 @@ impl Budget {
 
     /// Persist `content`, returning what the model reads instead and whether
     /// it is an error. The write runs on the blocking pool: it syncs to disk.
-    async fn persist(&self, tool_use_id: &str, content: String, is_error: bool) -> (String, bool) {
+    async fn persist(
+        &self,
+        tool_use_id: &str,
+        content: String,
+        is_error: bool,
+        counted: Option<Counted>,
+    ) -> (String, bool) {
         let file = file_name(tool_use_id);
         let shown = persist::shown_path(&self.shown_root, &file);
         let content = Arc::new(content);
@@ -600,7 +790,7 @@ impl Budget {
             .await
             .unwrap_or_else(|_| Err(std::io::Error::other("the writer panicked")));
         match written {
-            Ok(()) => (persisted_block(&content, &shown), is_error),
+            Ok(()) => (persisted_block_counted(&content, counted, &shown), is_error),
             Err(error) => {
                 tracing::warn!("failed to persist the result of {tool_use_id} to {shown}: {error}");
                 (persist_failed(&content, &shown, &error), true)
@@ -1157,6 +1347,175 @@ mod tests {
             Some(&Decision::Replaced { content: message[1].content.text().into_owned(), is_error: true })
         );
         assert!(total(&message) <= 200_000);
+    }
+
+    /// A result of a tool with an output schema: `text` (the value's JSON
+    /// when `None`, as the host shows a value given no text) and `value`.
+    fn structured(id: &str, text: Option<&str>, value: serde_json::Value) -> ToolResult {
+        let text = text.map_or_else(|| json(&value), str::to_owned);
+        ToolResult { structured: Some(value), ..ToolResult::ok(id, text) }
+    }
+
+    #[tokio::test]
+    async fn a_persisted_result_keeps_a_structured_value_small_enough_and_stays_a_success() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        let value = serde_json::json!({ "lines": 10, "words": 20, "bytes": 120 });
+        let result = budget.per_tool(structured("wc", None, value.clone()), Threshold::Chars(10)).await;
+        assert!(!result.is_error);
+        assert_eq!(result.structured, Some(value.clone()), "an MCP client needs it for a success");
+        assert_eq!(result.content, Content::Text(persisted_block(&json(&value), "tool-results/wc.txt")));
+        assert_eq!(store.names(), ["wc.txt"]);
+
+        // Only the text was too large: the value stays beside its preview.
+        let result = budget
+            .per_tool(structured("long", Some(&text(60_000)), value.clone()), Threshold::default())
+            .await;
+        assert!(!result.is_error);
+        assert_eq!(result.structured, Some(value));
+        assert!(
+            result.content.text().starts_with(
+                "<persisted-output>\nOutput too large (60035 chars counted with its structured value; the \
+                 text alone is 60000 chars, 60000 bytes). Full output saved to: tool-results/long.txt\n"
+            ),
+            "{}",
+            result.content
+        );
+    }
+
+    #[tokio::test]
+    async fn a_structured_value_too_large_to_keep_makes_the_persisted_result_an_error() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        let value = serde_json::json!({ "count": 1, "pad": "x".repeat(100_000) });
+        let result = budget.per_tool(structured("rich", None, value.clone()), Threshold::default()).await;
+        assert!(result.is_error, "a success without its structured value breaks an MCP client");
+        assert_eq!(result.structured, None);
+        assert_eq!(
+            result.content,
+            Content::Text(
+                persisted_block(&json(&value), "tool-results/rich.txt")
+                    + "\n<persisted-output>\nStructured value left out (100020 bytes of JSON): a persisted \
+                       result keeps one of at most 2000 bytes, so this result is an error. It is the output \
+                       above, as JSON.\n</persisted-output>"
+            )
+        );
+        assert!(is_replaced(&result.content, result.is_error));
+        assert_eq!(store.names(), ["rich.txt"], "the text is the value's JSON: one file holds both");
+    }
+
+    #[tokio::test]
+    async fn a_structured_value_beside_a_short_text_counts_in_the_per_tool_tier() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        let value = serde_json::json!({ "count": 1, "pad": "y".repeat(1_000_000) });
+        let result = budget
+            .per_tool(structured("r1", Some("13 chars here"), value.clone()), Threshold::default())
+            .await;
+        assert!(result.is_error);
+        assert_eq!(result.structured, None);
+        assert_eq!(
+            result.content.text(),
+            "<persisted-output>\nOutput too large (1000033 chars counted with its structured value; the text \
+             alone is 13 chars, 13 bytes). Full output saved to: tool-results/r1.txt\n\nPreview (first 13 \
+             bytes):\n13 chars here\n</persisted-output>\n<persisted-output>\nStructured value left out \
+             (1000020 bytes of JSON): a persisted result keeps one of at most 2000 bytes, so this result is \
+             an error. Saved to: tool-results/r1-structured.json\n</persisted-output>"
+        );
+        assert_eq!(store.names(), ["r1-structured.json", "r1.txt"]);
+        assert_eq!(store.files.lock().unwrap()["r1-structured.json"], json(&value).into_bytes());
+
+        // The byte cap counts the value's bytes too: 150,000 chars of three
+        // bytes each are within 300,000 chars but over 400,000 bytes.
+        let wide = structured("w", Some("short"), serde_json::json!({ "s": "語".repeat(150_000) }));
+        assert!(!Threshold::Chars(300_000).exceeded_by_content(&wide.content));
+        assert!(Threshold::Chars(300_000).exceeded_by_result(&wide));
+        assert!(!Threshold::SelfBounded.exceeded_by_result(&wide));
+    }
+
+    #[tokio::test]
+    async fn a_structured_value_that_cannot_be_saved_is_still_left_out() {
+        let store = Arc::new(Memory { fail_with: Some(28), ..Memory::default() });
+        let budget = Budget::with_store(&BudgetConfig::default(), store);
+        let value = serde_json::json!({ "pad": "z".repeat(60_000) });
+        let result = budget.per_tool(structured("f", Some("text"), value), Threshold::default()).await;
+        assert!(result.is_error);
+        assert_eq!(result.structured, None);
+        assert!(
+            result.content.text().ends_with(
+                "Failed to save it to tool-results/f-structured.json: No space left on device (os error \
+                 28).\n</persisted-output>"
+            ),
+            "{}",
+            result.content
+        );
+        assert!(is_replaced(&result.content, result.is_error));
+    }
+
+    #[tokio::test]
+    async fn a_structured_value_beside_a_short_text_counts_in_the_per_message_tier() {
+        let (budget, store) = in_memory(&BudgetConfig::default());
+        let small = serde_json::json!({ "count": 3 });
+        let mut message: Vec<ToolResult> = (0..3)
+            .map(|i| {
+                structured(&format!("s{i}"), Some("short"), serde_json::json!({ "pad": "p".repeat(80_000) }))
+            })
+            .collect();
+        message.push(structured("kept", Some(&text(3_000)), small.clone()));
+        let mut ledger = Ledger::new();
+        budget
+            .per_message(
+                &mut message,
+                &[Threshold::SelfBounded, Threshold::default(), Threshold::default(), Threshold::default()],
+                &mut ledger,
+            )
+            .await;
+        // 3 × 80,015 chars: one replacement brings the message under.
+        assert_eq!(replaced_ids(&message), ["s1"]);
+        assert!(message[1].is_error);
+        assert_eq!(message[1].structured, None);
+        assert_eq!(store.names(), ["s1-structured.json", "s1.txt"]);
+        assert!(message[2].structured.is_some(), "a result kept keeps its value");
+        let sent = message[1].content.text().into_owned();
+        assert_eq!(ledger.get("s1"), Some(&Decision::Replaced { content: sent.clone(), is_error: true }));
+
+        // Sent again, the recorded replacement drops the large value and
+        // keeps a small one, as the first decision did.
+        let mut again = vec![
+            structured("s1", Some("short"), serde_json::json!({ "pad": "p".repeat(80_000) })),
+            structured("r", Some("short"), small.clone()),
+        ];
+        let mut ledger = Ledger::new();
+        ledger.record("s1", Decision::Replaced { content: sent.clone(), is_error: true });
+        ledger.record(
+            "r",
+            Decision::Replaced {
+                content: "<persisted-output>\nx\n</persisted-output>".into(),
+                is_error: false,
+            },
+        );
+        budget.per_message(&mut again, &[Threshold::default(); 2], &mut ledger).await;
+        assert_eq!((again[0].content.text().into_owned(), again[0].structured.clone()), (sent, None));
+        assert_eq!(again[1].structured, Some(small));
+    }
+
+    #[tokio::test]
+    async fn a_persisted_image_result_says_the_size_that_counted() {
+        let (budget, _) = in_memory(&BudgetConfig::default());
+        let blocks = vec![ContentBlock::Text("a screenshot:".into()), ContentBlock::Image(png(2_000, 2_000))];
+        let result = ToolResult { content: Content::Blocks(blocks), ..ToolResult::ok("large", "") };
+        let mut message = vec![result.clone(), ToolResult::ok("big", text(190_000))];
+        budget
+            .per_message(&mut message, &[Threshold::default(), Threshold::SelfBounded], &mut Ledger::new())
+            .await;
+        // 13 chars and the image's 21,336.
+        assert!(
+            message[0].content.text().starts_with(
+                "<persisted-output>\nOutput too large (21349 chars counted with its image; the text alone is \
+                 13 chars, 13 bytes). Full output saved to: tool-results/large.txt\n"
+            ),
+            "{}",
+            message[0].content
+        );
+        let result = budget.per_tool(result, Threshold::Chars(100)).await;
+        assert_eq!(result.content, message[0].content, "both tiers say the same");
     }
 
     #[test]

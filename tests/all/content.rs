@@ -146,7 +146,13 @@ fn an_image_counts_by_its_size_and_a_replacement_is_reproduced_from_the_transcri
     let thresholds = [Threshold::Chars(50_000); 2];
     block_on(budget.per_message(&mut message, &thresholds, &mut ledger));
     let replaced = message[0].content.as_text().expect("the image result became text").to_owned();
-    assert!(replaced.starts_with("<persisted-output>\nOutput too large (7 chars, 7 bytes)"), "{replaced}");
+    assert!(
+        replaced.starts_with(
+            "<persisted-output>\nOutput too large (5343 chars counted with its image; the text alone is 7 \
+             chars, 7 bytes)"
+        ),
+        "{replaced}"
+    );
     assert!(replaced.contains("Saved to: tool-results/photo-image-1.png\n</persisted-output>"), "{replaced}");
     assert_eq!(message[1], text, "the smaller result is kept");
     assert_eq!(
@@ -264,4 +270,36 @@ fn an_output_schema_that_is_not_an_object_schema_is_refused_when_the_tool_joins(
         "failed to set up the WebAssembly engine: built-in `report` has an invalid output schema: the output \
          schema does not describe an object"
     );
+}
+
+#[test]
+fn a_structured_value_counts_in_the_budgets_and_a_persisted_result_keeps_it_or_fails() {
+    let session = tempfile::tempdir().unwrap();
+    let workspace = tempfile::tempdir().unwrap();
+    let config =
+        keel_host::config::Config::parse("[budget.tools]\nrich = 100\n", "keel.toml".as_ref()).unwrap();
+    let builder = host_of(workspace.path(), &["keel_guest_rich"]).session_dir(session.path()).config(config);
+    let host = block_on(builder.build()).unwrap();
+    let small = json!({ "count": 1, "pad": "s".repeat(200) });
+    let large = json!({ "count": 1, "pad": "y".repeat(1_000_000) });
+    let uses = [
+        rich("small", "structured", &small),
+        rich("large", "structured", &large),
+        rich("beside", "text-and-structured", &large),
+    ];
+    let results = block_on(host.run_batch(&uses)).results;
+    // Its JSON is past the threshold, and small enough to stay beside the
+    // preview: the result is persisted and stays a success with its value.
+    assert!(!results[0].is_error, "{:?}", results[0]);
+    assert_eq!(results[0].structured, Some(small));
+    assert!(results[0].content.text().starts_with("<persisted-output>\n"), "{}", results[0].content);
+    // Too large to keep, alone or beside a short text: an error, no value.
+    for result in &results[1..] {
+        assert!(result.is_error, "{result:?}");
+        assert_eq!(result.structured, None);
+        assert!(result.content.text().len() < 5_000, "{}", result.content);
+        assert!(result.content.text().contains("Structured value left out (1000020 bytes of JSON)"));
+    }
+    let saved = std::fs::read(session.path().join("tool-results/beside-structured.json")).unwrap();
+    assert_eq!(serde_json::from_slice::<Value>(&saved).unwrap(), large);
 }

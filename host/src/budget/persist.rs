@@ -292,17 +292,117 @@ pub fn preview(content: &str, max_bytes: usize) -> (&str, bool) {
 /// Sizes are plain decimal numbers of the whole content; `...` stands on its
 /// own line only when the preview is not the whole content.
 pub fn persisted_block(content: &str, shown_path: &str) -> String {
+    persisted_block_counted(content, None, shown_path)
+}
+
+/// What a result counted for in the budgets besides its text: the size that
+/// made it too large, given in the header of its [`persisted_block_counted`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Counted {
+    /// The chars the whole result counted for: its text, each image by
+    /// [`image_chars`](super::image_chars), and the JSON text of a structured
+    /// value the text is not.
+    pub chars: u64,
+    /// How many images it held.
+    pub images: usize,
+    /// Whether a structured value counted apart from the text.
+    pub structured: bool,
+}
+
+impl Counted {
+    /// What besides the text counted: `image`, `2 images`, `structured
+    /// value`, `image and structured value`, …
+    fn besides(&self) -> String {
+        let images = match self.images {
+            0 => None,
+            1 => Some("image".to_owned()),
+            n => Some(format!("{n} images")),
+        };
+        let structured = self.structured.then(|| "structured value".to_owned());
+        images.into_iter().chain(structured).collect::<Vec<_>>().join(" and ")
+    }
+}
+
+/// The block that replaces a result persisted to `shown_path`, as
+/// [`persisted_block`], whose text `content` is not all it counted for. With
+/// `counted`, the header gives the size that made the result too large, and
+/// the text's own after it:
+///
+/// ```text
+/// <persisted-output>
+/// Output too large (<chars> chars counted with its image; the text alone is <chars> chars, <bytes> bytes). Full output saved to: <path>
+/// …
+/// ```
+///
+/// Without `counted`, it is [`persisted_block`].
+pub fn persisted_block_counted(content: &str, counted: Option<Counted>, shown_path: &str) -> String {
     let mut block = String::with_capacity(PREVIEW_SIZE_BYTES + 256);
     let _ = writeln!(block, "{PERSISTED_OUTPUT_TAG}");
-    let _ = writeln!(
-        block,
-        "Output too large ({} chars, {} bytes). Full output saved to: {shown_path}",
-        content.chars().count(),
-        content.len()
-    );
+    let (chars, bytes) = (content.chars().count(), content.len());
+    match counted {
+        Some(counted) => {
+            let _ = writeln!(
+                block,
+                "Output too large ({} chars counted with its {}; the text alone is {chars} chars, {bytes} \
+                 bytes). Full output saved to: {shown_path}",
+                counted.chars,
+                counted.besides()
+            );
+        }
+        None => {
+            let _ = writeln!(
+                block,
+                "Output too large ({chars} chars, {bytes} bytes). Full output saved to: {shown_path}"
+            );
+        }
+    }
     push_preview(&mut block, content);
     block.push_str(PERSISTED_OUTPUT_CLOSING_TAG);
     block
+}
+
+/// The file a result's structured value is persisted to when it is left out
+/// and its JSON is not the result's text: `<stem>-structured.json`, named
+/// after the result's own file.
+pub fn structured_file_name(tool_use_id: &str) -> String {
+    let text = file_name(tool_use_id);
+    let stem = text.strip_suffix(".txt").unwrap_or(&text);
+    format!("{stem}-structured.json")
+}
+
+/// Where the JSON text of a structured value left out of a persisted result
+/// went, for [`structured_left_out`].
+#[derive(Clone, Copy)]
+pub enum StructuredPlace<'a> {
+    /// It is the result's text, persisted (or not) as the output above.
+    Text,
+    /// Saved to this path, shown as the model sees it.
+    Saved(&'a str),
+    /// Not saved to this path, for this reason.
+    Failed(&'a str, &'a dyn std::fmt::Display),
+}
+
+/// What the model reads, after the persisted output, in place of a
+/// structured value too large to stay beside it (over
+/// [`KEPT_STRUCTURED_BYTES`](super::KEPT_STRUCTURED_BYTES) bytes of JSON):
+/// a `<persisted-output>` block saying so and where the value went.
+///
+/// ```text
+/// <persisted-output>
+/// Structured value left out (<bytes> bytes of JSON): a persisted result keeps one of at most 2000 bytes, so this result is an error. Saved to: <path>
+/// </persisted-output>
+/// ```
+pub fn structured_left_out(json_bytes: usize, place: StructuredPlace<'_>) -> String {
+    let place = match place {
+        StructuredPlace::Text => "It is the output above, as JSON.".to_owned(),
+        StructuredPlace::Saved(shown_path) => format!("Saved to: {shown_path}"),
+        StructuredPlace::Failed(shown_path, error) => format!("Failed to save it to {shown_path}: {error}."),
+    };
+    format!(
+        "{PERSISTED_OUTPUT_TAG}\nStructured value left out ({json_bytes} bytes of JSON): a persisted result \
+         keeps one of at most {} bytes, so this result is an error. {place}\n{PERSISTED_OUTPUT_CLOSING_TAG}",
+        super::KEPT_STRUCTURED_BYTES
+    )
 }
 
 /// The file an image of a result is persisted to: image `number` (from 1) of
@@ -469,6 +569,50 @@ mod tests {
             "<persisted-output>\nOutput too large (2 chars, 3 bytes). Full output saved to: p\n\n\
              Preview (first 3 bytes):\né\n\n</persisted-output>"
         );
+    }
+
+    #[test]
+    fn a_block_of_a_result_that_counted_more_than_its_text_gives_that_size() {
+        let counted = |images, structured| Some(Counted { chars: 21_349, images, structured });
+        assert_eq!(
+            persisted_block_counted("a screenshot:", counted(1, false), "tool-results/t.txt"),
+            "<persisted-output>\nOutput too large (21349 chars counted with its image; the text alone is 13 \
+             chars, 13 bytes). Full output saved to: tool-results/t.txt\n\nPreview (first 13 bytes):\na \
+             screenshot:\n</persisted-output>"
+        );
+        let header = |counted| persisted_block_counted("é", counted, "p").lines().nth(1).unwrap().to_owned();
+        assert_eq!(
+            header(counted(2, true)),
+            "Output too large (21349 chars counted with its 2 images and structured value; the text alone is \
+             1 chars, 2 bytes). Full output saved to: p"
+        );
+        assert_eq!(
+            header(counted(0, true)),
+            "Output too large (21349 chars counted with its structured value; the text alone is 1 chars, 2 \
+             bytes). Full output saved to: p"
+        );
+        assert_eq!(persisted_block_counted("é", None, "p"), persisted_block("é", "p"));
+    }
+
+    #[test]
+    fn a_structured_value_left_out_says_where_it_went() {
+        let error = io::Error::from_raw_os_error(28);
+        let saved = structured_left_out(2_001, StructuredPlace::Saved("tool-results/a-structured.json"));
+        assert_eq!(
+            saved,
+            "<persisted-output>\nStructured value left out (2001 bytes of JSON): a persisted result keeps one \
+             of at most 2000 bytes, so this result is an error. Saved to: \
+             tool-results/a-structured.json\n</persisted-output>"
+        );
+        assert!(is_replacement(&saved, true));
+        assert!(structured_left_out(9, StructuredPlace::Failed("p", &error)).ends_with(
+            " Failed to save it to p: No space left on device (os error 28).\n</persisted-output>"
+        ));
+        assert!(
+            structured_left_out(9, StructuredPlace::Text)
+                .ends_with(" It is the output above, as JSON.\n</persisted-output>")
+        );
+        assert_eq!(structured_file_name("a/b"), "ab-c14cddc033f64b9d-structured.json");
     }
 
     #[test]
