@@ -1085,6 +1085,52 @@ fn raw_error(reply: &Value) -> (i64, &str) {
 }
 
 #[test]
+fn a_cancelled_requests_id_stays_taken_until_its_call_ends_and_its_reply_goes_to_no_later_request() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut raw = Raw::start(workspace.path(), &[]);
+    let mut sleeping = tools_call(5, "sleep", &json!({ "ms": 20_000, "steps": 20_000 }));
+    sleeping["params"]["_meta"] = json!({ "progressToken": "p" });
+    raw.send_all(&[sleeping]);
+    let report = raw.next();
+    assert_eq!(report["method"], "notifications/progress", "the sleep runs: {report}");
+    // Cancelled, and its id reused at once: the cancelled call has not
+    // ended yet, so the id is still taken.
+    let cancel =
+        json!({ "jsonrpc": "2.0", "method": "notifications/cancelled", "params": { "requestId": 5 } });
+    let again = tools_call(5, "sleep", &json!({ "ms": 300 }));
+    raw.send_all(&[cancel, again.clone()]);
+    let refusal = raw.next_reply();
+    assert_eq!(refusal["id"], 5, "{refusal}");
+    let (code, message) = raw_error(&refusal);
+    assert_eq!(code, -32600, "{refusal}");
+    assert!(message.contains("the id 5 is that of a request not yet answered"), "{message}");
+    // Once the cancelled call has ended, the id is free; its own reply is
+    // never given, to it or to the request that reuses its id.
+    let mut tries = 0;
+    loop {
+        std::thread::sleep(Duration::from_millis(50));
+        raw.send_all(std::slice::from_ref(&again));
+        let reply = raw.next_reply();
+        assert_eq!(reply["id"], 5, "{reply}");
+        if reply.get("result").is_some() {
+            assert_eq!(
+                raw_text(&reply),
+                ("Slept 300 ms", false),
+                "the reply of the request that reused the id"
+            );
+            break;
+        }
+        assert_eq!(raw_error(&reply).0, -32600, "{reply}");
+        tries += 1;
+        assert!(tries < 100, "the cancelled call's id was never free again");
+    }
+    raw.send_all(&[tools_call(6, "echo", &json!({ "text": "after" }))]);
+    let after = raw.next_reply();
+    assert_eq!((&after["id"], raw_text(&after)), (&json!(6), ("after", false)), "no other reply to 5");
+    raw.close();
+}
+
+#[test]
 fn a_request_serde_cannot_read_or_whose_id_cannot_be_read_is_still_answered() {
     let workspace = tempfile::tempdir().unwrap();
     let mut raw = Raw::start(workspace.path(), &[]);

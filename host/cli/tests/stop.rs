@@ -254,3 +254,70 @@ fn a_server_stopped_before_its_session_began_exits_at_once() {
     assert!(status.success(), "{status}");
     assert!(signalled.elapsed() < Duration::from_secs(5), "it took {:?}", signalled.elapsed());
 }
+
+#[test]
+fn the_end_of_its_input_answers_every_stdio_call_in_flight_as_a_signal_does() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut child = support::command(workspace.path(), &[bundled("sleep"), bundled("write_file")], &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    send(
+        &mut stdin,
+        &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": { "name": "test", "version": "1" } } }),
+    );
+    send(&mut stdin, &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
+    // A call of a minute, running, and a write waiting behind it (it is
+    // not concurrency-safe), when the client closes its input.
+    send(
+        &mut stdin,
+        &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "sleep", "arguments": { "ms": 60000, "steps": 60000 },
+        "_meta": { "progressToken": "p" } } }),
+    );
+    first(&mut stdout, "a progress report", |message| message["method"] == "notifications/progress");
+    send(
+        &mut stdin,
+        &json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
+        "name": "write_file", "arguments": { "file_path": "after.txt", "content": "x" } } }),
+    );
+    drop(stdin);
+
+    // Every reply until stdout ends, as the server exits.
+    let (sender, replies) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stdout {
+            let message: Value = serde_json::from_str(&line.unwrap()).unwrap();
+            if message.get("id").is_some() && sender.send(message).is_err() {
+                break;
+            }
+        }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    let mut answered = std::collections::BTreeMap::new();
+    loop {
+        match replies.recv_timeout(deadline.saturating_duration_since(std::time::Instant::now())) {
+            Ok(reply) => {
+                let id = reply["id"].as_u64().unwrap();
+                assert!(answered.insert(id, reply).is_none(), "request {id} was answered twice");
+            }
+            Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => break,
+            Err(std::sync::mpsc::RecvTimeoutError::Timeout) => panic!("stdout still open after 30 s"),
+        }
+    }
+    let text = |id: u64| {
+        let result = &answered.get(&id).unwrap_or_else(|| panic!("no reply to {id}: {answered:?}"))["result"];
+        (result["content"][0]["text"].as_str().unwrap().to_owned(), result["isError"] == true)
+    };
+    assert_eq!(text(2), ("Interrupted: the call was stopped before it finished.".into(), true));
+    assert_eq!(text(3), ("Interrupted: the call was not started.".into(), true));
+    let status = exit_within(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+    assert!(!workspace.path().join("after.txt").exists(), "the call not started never runs");
+}

@@ -578,12 +578,13 @@ impl ServerHandler for Server {
         mut context: RequestContext<RoleServer>,
     ) -> Result<CallToolResponse, ErrorData> {
         // The pool it arrived in, which it runs in whatever reloads meanwhile.
-        let (live, arrival) = match context.extensions.remove::<arrivals::Stamped>() {
-            Some(stamped) => (stamped.live, stamped.arrival),
+        // On stdio the transport cancels it; over HTTP, rmcp.
+        let (live, arrival, cancelled) = match context.extensions.remove::<arrivals::Stamped>() {
+            Some(stamped) => (stamped.live, stamped.arrival, stamped.cancelled),
             None => {
                 let live = self.live.current();
                 let arrival = live.stream.arrive();
-                (live, arrival)
+                (live, arrival, context.ct.clone())
             }
         };
         let id = format!("mcp-{}", arrival.number());
@@ -601,7 +602,7 @@ impl ServerHandler for Server {
         let tool = live.tool_name(&request.name);
         let result = match self.placement.as_ref().map(stdio::Placement::claim) {
             Some(Err(placement)) => {
-                let (server, tool, cancelled) = (self.clone(), tool.map(str::to_owned), context.ct.clone());
+                let (server, tool, cancelled) = (self.clone(), tool.map(str::to_owned), cancelled.clone());
                 let id = tool_use.id.clone();
                 let call = async move {
                     server.call(tool_use, tool.as_deref(), arrival, &cancelled, progress, log).await
@@ -609,7 +610,7 @@ impl ServerHandler for Server {
                 placement.run_elsewhere(call).await.unwrap_or_else(|| ToolResult::error(id, STOPPED_AT_EXIT))
             }
             // Here, the session's thread taken until the call ends.
-            _running => self.call(tool_use, tool, arrival, &context.ct, progress, log).await,
+            _running => self.call(tool_use, tool, arrival, &cancelled, progress, log).await,
         };
         drop(live);
         // A call that stopped to ask its client answers with the question.

@@ -12,17 +12,24 @@
 //! ([`eagerly`]); and once a write finds the client's end of the output
 //! closed, it takes no further request: none could be answered.
 //!
-//! And it answers a request that reuses the id of one not yet answered
-//! itself, with an error: rmcp keeps one responder per id, so the two would
-//! share one reply and the client would wait for the other for ever, while
-//! the request ran all the same. And a request whose id cannot be read
-//! (stood in for beneath it, [`unreadable`]), it answers with an error
-//! without an id.
+//! It keeps the ids of the requests not yet answered, and answers a request
+//! that reuses one itself, with an error: rmcp keeps one responder per id, so
+//! the two would share one reply and the client would wait for the other for
+//! ever, while the request ran all the same. A cancelled request keeps its id
+//! until its handler has finished: the transport, not rmcp, takes the
+//! `notifications/cancelled` ([`Stamped::cancelled`]), and drops the reply the
+//! handler gives, which rmcp, matching replies by id alone, would otherwise
+//! give a later request of the same id.
+//!
+//! At the end of its input, or once the server is stopping, it reads no
+//! more: it interrupts the calls in flight (the server's `stopping` token)
+//! and ends the session only once every request it read is answered, so
+//! that none is left to rmcp's bounded drain.
 //!
 //! [`Arrival`]: keel_host::Arrival
 
 use std::borrow::Cow;
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::future::Ready;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -34,6 +41,8 @@ use rmcp::RoleServer;
 use rmcp::model::{ClientNotification, ClientRequest, ErrorData, JsonRpcMessage, JsonRpcRequest, RequestId};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
+use tokio::sync::Notify;
+use tokio_util::sync::CancellationToken;
 
 use keel_host::Arrival;
 
@@ -42,13 +51,15 @@ use super::unreadable;
 use super::{Live, Shelf};
 
 /// A `tools/call`'s place: its arrival, in the stream of the pool served
-/// when it was read.
+/// when it was read, and its cancellation.
 #[derive(Clone)]
 pub struct Stamped {
     /// The pool it runs in.
     pub live: std::sync::Arc<Live>,
     /// Its place in that pool's stream.
     pub arrival: Arrival,
+    /// Cancelled when the client cancels the request.
+    pub cancelled: CancellationToken,
 }
 
 /// A server transport that stamps each `tools/call` with its arrival.
@@ -59,16 +70,56 @@ pub struct Arrivals<T> {
     lane: CallLane,
     /// Set once a send found the client's end of the output closed.
     gone: Arc<AtomicBool>,
-    /// The ids of the client's requests not yet answered (nor cancelled).
-    unanswered: Arc<Mutex<HashSet<RequestId>>>,
+    /// The requests not yet answered.
+    ledger: Arc<Ledger>,
+    /// The server's: cancelled when it stops, and by the end of the input.
+    stopping: CancellationToken,
+    /// Set once no further message is to be read: the input ended, or the
+    /// server is stopping.
+    ending: bool,
+}
+
+/// What an [`Arrivals`] keeps between its reads and its sends.
+#[derive(Default)]
+struct Ledger {
+    /// The client's requests not yet answered, each with the token that
+    /// cancels it. A cancelled request stays until its handler's reply.
+    unanswered: Mutex<HashMap<RequestId, CancellationToken>>,
+    /// Woken as the last request is answered.
+    settled: Notify,
+}
+
+impl Ledger {
+    /// Note the reply to `id`: whether it is to be dropped, its request
+    /// having been cancelled.
+    fn answered(&self, id: &RequestId) -> bool {
+        let mut unanswered = self.unanswered.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some(cancelled) = unanswered.remove(id) else { return false };
+        if unanswered.is_empty() {
+            self.settled.notify_one();
+        }
+        cancelled.is_cancelled()
+    }
+
+    /// Once every request read is answered.
+    async fn settled(&self) {
+        loop {
+            if self.unanswered.lock().unwrap_or_else(PoisonError::into_inner).is_empty() {
+                return;
+            }
+            self.settled.notified().await;
+        }
+    }
 }
 
 impl<T> Arrivals<T> {
     /// Stamp the requests `inner` reads, and the calls decoded beneath it
     /// into `lane` ([`fast_calls`]), with arrivals in the stream of the pool
-    /// `shelf` holds as each is read.
-    pub fn new(inner: T, shelf: Shelf, lane: CallLane) -> Self {
-        Arrivals { inner, shelf, lane, gone: Arc::default(), unanswered: Arc::default() }
+    /// `shelf` holds as each is read. At the end of the input `stopping` is
+    /// cancelled; once it is, the session ends when every request read is
+    /// answered.
+    pub fn new(inner: T, shelf: Shelf, lane: CallLane, stopping: CancellationToken) -> Self {
+        Arrivals { inner, shelf, lane, gone: Arc::default(), ledger: Arc::default(), stopping, ending: false }
     }
 }
 
@@ -85,8 +136,11 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
         if let JsonRpcMessage::Response(rmcp::model::JsonRpcResponse { id, .. })
         | JsonRpcMessage::Error(rmcp::model::JsonRpcError { id: Some(id), .. }) = &item
+            && self.ledger.answered(id)
         {
-            self.unanswered.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+            // MCP sends no response to a cancelled request.
+            tracing::debug!(%id, "dropped the reply to a cancelled request");
+            return Either::Left(std::future::ready(Ok(())));
         }
         if self.gone.load(Ordering::Relaxed) {
             return Either::Left(std::future::ready(Ok(())));
@@ -101,53 +155,34 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
     }
 
     async fn receive(&mut self) -> Option<RxJsonRpcMessage<RoleServer>> {
-        // With nobody to read the replies, a request would run its tool for
-        // nothing: the session ends as if the client had closed its input.
-        if self.gone.load(Ordering::Relaxed) {
-            return None;
-        }
-        // Cancel-safe as the inner `receive` is: the arrival is taken only
-        // once a whole message was read.
-        let mut message = loop {
-            let message = fast_calls::receive(&mut self.inner, &self.lane).await?;
-            match &message {
-                JsonRpcMessage::Request(JsonRpcRequest { id, .. }) => {
-                    let fresh =
-                        self.unanswered.lock().unwrap_or_else(PoisonError::into_inner).insert(id.clone());
-                    if !fresh {
-                        self.refuse_reused(id.clone()).await;
-                        continue;
-                    }
-                }
-                JsonRpcMessage::Notification(notification) => match &notification.notification {
-                    ClientNotification::CancelledNotification(cancelled) => {
-                        if let Some(id) = &cancelled.params.request_id {
-                            self.unanswered.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
-                        }
-                    }
-                    ClientNotification::CustomNotification(custom)
-                        if custom.method == unreadable::UNREADABLE_ID_METHOD =>
-                    {
-                        let message = custom.params.as_ref().and_then(|params| params["message"].as_str());
-                        let message = message.unwrap_or("the request's id cannot be read").to_owned();
-                        self.answer_without_id(ErrorData::invalid_request(message, None)).await;
-                        continue;
-                    }
-                    _ => {}
-                },
-                _ => {}
+        // Cancel-safe: the inner `receive` is, and a message is acted on
+        // only once it was read whole.
+        loop {
+            // With nobody to read the replies, a request would run its tool
+            // for nothing: the session ends as if the client had closed its
+            // input.
+            if self.gone.load(Ordering::Relaxed) {
+                return None;
             }
-            break message;
-        };
-        if let JsonRpcMessage::Request(JsonRpcRequest {
-            request: ClientRequest::CallToolRequest(call), ..
-        }) = &mut message
-        {
-            let live = self.shelf.current();
-            let arrival = live.stream.arrive();
-            call.extensions.insert(Stamped { live, arrival });
+            if self.ending || self.stopping.is_cancelled() {
+                self.ending = true;
+                self.stopping.cancel();
+                self.ledger.settled().await;
+                return None;
+            }
+            let read = tokio::select! {
+                () = self.stopping.cancelled() => continue,
+                read = fast_calls::receive(&mut self.inner, &self.lane) => read,
+            };
+            let Some(message) = read else {
+                tracing::debug!("the input ended: the calls in flight are interrupted and answered");
+                self.ending = true;
+                continue;
+            };
+            if let Some(message) = self.admit(message).await {
+                return Some(message);
+            }
         }
-        Some(message)
     }
 
     fn close(&mut self) -> impl Future<Output = Result<(), Self::Error>> + Send {
@@ -156,6 +191,68 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
 }
 
 impl<T: Transport<RoleServer>> Arrivals<T> {
+    /// `message`, just read, as rmcp is to have it: a request noted as
+    /// unanswered (a `tools/call` stamped with its arrival), or `None` when
+    /// it was dealt with here: a request reusing an id in use, refused; the
+    /// cancellation of a request not yet answered, which cancels it; the
+    /// stand-in for a request whose id cannot be read, answered without one.
+    async fn admit(
+        &mut self,
+        mut message: RxJsonRpcMessage<RoleServer>,
+    ) -> Option<RxJsonRpcMessage<RoleServer>> {
+        let cancelled = CancellationToken::new();
+        match &message {
+            JsonRpcMessage::Request(JsonRpcRequest { id, .. }) => {
+                let fresh = {
+                    let mut unanswered =
+                        self.ledger.unanswered.lock().unwrap_or_else(PoisonError::into_inner);
+                    let fresh = !unanswered.contains_key(id);
+                    if fresh {
+                        unanswered.insert(id.clone(), cancelled.clone());
+                    }
+                    fresh
+                };
+                if !fresh {
+                    self.refuse_reused(id.clone()).await;
+                    return None;
+                }
+            }
+            JsonRpcMessage::Notification(notification) => match &notification.notification {
+                ClientNotification::CancelledNotification(cancel) => {
+                    // rmcp would forget the request, and give its reply to
+                    // the next request of its id: it is cancelled here.
+                    if let Some(id) = &cancel.params.request_id
+                        && let Some(token) =
+                            self.ledger.unanswered.lock().unwrap_or_else(PoisonError::into_inner).get(id)
+                    {
+                        tracing::debug!(%id, reason = cancel.params.reason, "cancelled");
+                        token.cancel();
+                        return None;
+                    }
+                }
+                ClientNotification::CustomNotification(custom)
+                    if custom.method == unreadable::UNREADABLE_ID_METHOD =>
+                {
+                    let message = custom.params.as_ref().and_then(|params| params["message"].as_str());
+                    let message = message.unwrap_or("the request's id cannot be read").to_owned();
+                    self.answer_without_id(ErrorData::invalid_request(message, None)).await;
+                    return None;
+                }
+                _ => {}
+            },
+            _ => {}
+        }
+        if let JsonRpcMessage::Request(JsonRpcRequest {
+            request: ClientRequest::CallToolRequest(call), ..
+        }) = &mut message
+        {
+            let live = self.shelf.current();
+            let arrival = live.stream.arrive();
+            call.extensions.insert(Stamped { live, arrival, cancelled });
+        }
+        Some(message)
+    }
+
     /// Answer a request that reuses `id`, the id of one not yet answered,
     /// with an error; the request itself never reaches rmcp.
     async fn refuse_reused(&mut self, id: RequestId) {

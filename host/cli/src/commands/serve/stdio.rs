@@ -23,7 +23,7 @@ use rmcp::transport::async_rw::AsyncRwTransport;
 use tokio::runtime::Handle;
 
 use super::arrivals::Arrivals;
-use super::{Server, fast_calls, unreadable};
+use super::{Server, fast_calls, stop, unreadable};
 
 /// Where a session's calls run: on the session's own thread while no other
 /// call of it runs there, else on the shared runtime. Clones share it.
@@ -136,14 +136,13 @@ async fn session(server: Server, shared: Handle) -> Result<()> {
         unreadable::BoundedLines::new(stdin, unreadable::MAX_MESSAGE_BYTES).decoding_calls(lane.clone());
     // The lines are bounded below; a stand-in for one too large is short.
     let rw = AsyncRwTransport::new_server(stdin, stdout).with_max_line_length(unreadable::MAX_MESSAGE_BYTES);
-    let transport = Arrivals::new(rw, server.live.clone(), lane);
+    let transport = Arrivals::new(rw, server.live.clone(), lane, server.stopping.clone());
     tracing::info!("serving {} tools over MCP on stdio", server.live.current().tools.len());
     let stopping = server.stopping.clone();
     let Some(service) = stopping.run_until_cancelled(server.serve(transport)).await else {
         return Ok(());
     };
     let service = service.context("failed to start the MCP session")?;
-    let session = service.cancellation_token();
     let waiting = service.waiting();
     tokio::pin!(waiting);
     tokio::select! {
@@ -153,10 +152,18 @@ async fn session(server: Server, shared: Handle) -> Result<()> {
         }
         () = stopping.cancelled() => {}
     }
-    // The calls in flight were interrupted: rmcp sends the replies their
-    // handlers give before it closes the session.
-    session.cancel();
-    waiting.await.context("the MCP session failed")?;
+    // Stopping, on a signal or at the end of the input: the calls in flight
+    // were interrupted, and the transport ends the session once each is
+    // answered.
+    match tokio::time::timeout(stop::DRAIN, waiting).await {
+        Ok(ended) => {
+            ended.context("the MCP session failed")?;
+        }
+        Err(_) => tracing::warn!(
+            "requests still unanswered {}s after the server began to stop; stopping anyway",
+            stop::DRAIN.as_secs()
+        ),
+    }
     Ok(())
 }
 
