@@ -45,7 +45,9 @@ pub struct ToolResult {
     pub is_error: bool,
     /// The structured value of a tool that declares an output schema,
     /// checked against it (MCP's `structuredContent`). Not part of the
-    /// Anthropic block; dropped when the budgets replace the result.
+    /// Anthropic block. Kept when the budgets replace the result if its JSON
+    /// is at most [`crate::budget::KEPT_STRUCTURED_BYTES`]; a larger one is dropped,
+    /// and the result made an error saying so.
     #[serde(skip)]
     pub structured: Option<Value>,
 }
