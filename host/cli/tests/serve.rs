@@ -1191,3 +1191,61 @@ fn a_last_request_without_a_newline_is_answered_at_the_end_of_the_input() {
     assert!(reply["result"]["tools"].as_array().is_some_and(|tools| !tools.is_empty()), "{reply}");
     raw.close();
 }
+
+#[test]
+fn a_client_that_reads_no_replies_stalls_its_requests_rather_than_growing_the_server() {
+    const REQUESTS: usize = 2000;
+    let workspace = tempfile::tempdir().unwrap();
+    let mut child = spawn_serve(workspace.path(), &[]);
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap());
+    let [initialize, initialized] = handshake();
+    writeln!(stdin, "{initialize}\n{initialized}").unwrap();
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    assert!(line.contains("protocolVersion"), "{line}");
+    // Requests of 8 KB whose replies are as long, none of them read.
+    let written = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let writer = {
+        let written = written.clone();
+        let text = "x".repeat(8 << 10);
+        std::thread::spawn(move || {
+            for id in 0..REQUESTS {
+                let request = tools_call(id, "echo", &json!({ "text": text }));
+                writeln!(stdin, "{request}").unwrap();
+                written.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            // Kept open: the end of the input would interrupt the calls.
+            stdin
+        })
+    };
+    let count = || written.load(std::sync::atomic::Ordering::SeqCst);
+    // The writer stalls once the server stops reading: nothing written for a
+    // second and a half.
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    let (mut last, mut still_since) = (count(), std::time::Instant::now());
+    while count() < REQUESTS && still_since.elapsed() < Duration::from_millis(1500) {
+        assert!(std::time::Instant::now() < deadline, "the writer neither stalled nor finished");
+        std::thread::sleep(Duration::from_millis(50));
+        if count() != last {
+            (last, still_since) = (count(), std::time::Instant::now());
+        }
+    }
+    assert!(
+        count() < REQUESTS / 2,
+        "the server read {} of {REQUESTS} requests whose replies nobody read",
+        count()
+    );
+    // Once the client reads, every request is answered.
+    let mut answered = 0;
+    while answered < REQUESTS {
+        line.clear();
+        assert!(stdout.read_line(&mut line).unwrap() > 0, "stdout closed after {answered} replies");
+        let reply: Value = serde_json::from_str(&line).unwrap();
+        assert!(!raw_text(&reply).1, "{}", &line[..200.min(line.len())]);
+        answered += 1;
+    }
+    drop(writer.join().unwrap());
+    let _ = child.kill();
+    let _ = child.wait();
+}

@@ -10,7 +10,10 @@
 //!
 //! It also writes each message it is given to send at once, where it can
 //! ([`eagerly`]); and once a write finds the client's end of the output
-//! closed, it takes no further request: none could be answered.
+//! closed, it takes no further request: none could be answered. While more
+//! than [`MAX_UNWRITTEN`] messages wait to be written, it reads no further
+//! request: a client that does not read its replies stalls itself, rather
+//! than the server holding every reply it cannot write.
 //!
 //! It keeps the ids of the requests not yet answered, and answers a request
 //! that reuses one itself, with an error: rmcp keeps one responder per id, so
@@ -32,7 +35,7 @@ use std::borrow::Cow;
 use std::collections::HashMap;
 use std::future::Ready;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::task::{Context, Poll, Waker};
 
@@ -49,6 +52,10 @@ use keel_host::Arrival;
 use super::fast_calls::{self, CallLane};
 use super::unreadable;
 use super::{Live, Shelf};
+
+/// How many messages (replies, notifications) may wait to be written
+/// before no further request is read.
+pub const MAX_UNWRITTEN: usize = 256;
 
 /// A `tools/call`'s place: its arrival, in the stream of the pool served
 /// when it was read, and its cancellation.
@@ -70,7 +77,7 @@ pub struct Arrivals<T> {
     lane: CallLane,
     /// Set once a send found the client's end of the output closed.
     gone: Arc<AtomicBool>,
-    /// The requests not yet answered.
+    /// The requests not yet answered, and the messages not yet written.
     ledger: Arc<Ledger>,
     /// The server's: cancelled when it stops, and by the end of the input.
     stopping: CancellationToken,
@@ -87,6 +94,10 @@ struct Ledger {
     unanswered: Mutex<HashMap<RequestId, CancellationToken>>,
     /// Woken as the last request is answered.
     settled: Notify,
+    /// Messages handed to the transport but not yet written.
+    unwritten: AtomicUsize,
+    /// Woken as one of them is written (or dropped).
+    written: Notify,
 }
 
 impl Ledger {
@@ -109,6 +120,31 @@ impl Ledger {
             }
             self.settled.notified().await;
         }
+    }
+
+    /// Once at most [`MAX_UNWRITTEN`] messages wait to be written.
+    async fn room(&self) {
+        while self.unwritten.load(Ordering::Relaxed) >= MAX_UNWRITTEN {
+            self.written.notified().await;
+        }
+    }
+}
+
+/// A message waiting to be written, counted in its [`Ledger`] until it is
+/// written or dropped.
+struct Unwritten(Arc<Ledger>);
+
+impl Unwritten {
+    fn new(ledger: &Arc<Ledger>) -> Self {
+        ledger.unwritten.fetch_add(1, Ordering::Relaxed);
+        Unwritten(ledger.clone())
+    }
+}
+
+impl Drop for Unwritten {
+    fn drop(&mut self) {
+        self.0.unwritten.fetch_sub(1, Ordering::Relaxed);
+        self.0.written.notify_one();
     }
 }
 
@@ -149,7 +185,12 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
             Either::Left(sent) => Either::Left(std::future::ready(noted(&self.gone, sent.into_inner()))),
             Either::Right(sending) => {
                 let gone = self.gone.clone();
-                Either::Right(async move { noted(&gone, sending.await) })
+                let unwritten = Unwritten::new(&self.ledger);
+                Either::Right(async move {
+                    let sent = noted(&gone, sending.await);
+                    drop(unwritten);
+                    sent
+                })
             }
         }
     }
@@ -170,9 +211,13 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
                 self.ledger.settled().await;
                 return None;
             }
+            let (inner, lane, ledger) = (&mut self.inner, &self.lane, &self.ledger);
             let read = tokio::select! {
                 () = self.stopping.cancelled() => continue,
-                read = fast_calls::receive(&mut self.inner, &self.lane) => read,
+                read = async {
+                    ledger.room().await;
+                    fast_calls::receive(inner, lane).await
+                } => read,
             };
             let Some(message) = read else {
                 tracing::debug!("the input ended: the calls in flight are interrupted and answered");
