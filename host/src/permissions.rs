@@ -16,9 +16,13 @@
 //! # Rules
 //!
 //! A rule is `Tool` or `Tool(pattern)`. `Tool` is a tool's name, or a glob
-//! over names where `*` stands for any run of characters; it matches a tool
-//! by its name or by any of its aliases, so renaming a tool never slips it
-//! past an old rule. `pattern` is a glob matched against the tool's
+//! over names where `*` stands for any run of characters. A `deny` rule
+//! matches a tool by its name or by any of its aliases, so renaming a tool
+//! never slips it past an old rule. An `allow` or `ask` rule matches a
+//! plugin by its name only: its aliases are the plugin's own claim, and a
+//! plugin declaring another tool's name as an alias must not get that tool's
+//! `allow` (nor an `ask` where the default denies). A built-in or native tool
+//! is the host's own, so any rule matches it by an alias too. `pattern` is a glob matched against the tool's
 //! `permission-subject` for the call's input (a path, a command line): `*`
 //! matches any run of characters, `/` included, so a rule never misses a
 //! subject for having more path segments than its author thought of; `**`
@@ -63,7 +67,7 @@ use globset::{GlobBuilder, GlobMatcher};
 use serde::Deserialize;
 use serde_json::Value;
 
-use crate::tool::ToolSpec;
+use crate::tool::{ToolOrigin, ToolSpec};
 
 /// What separates a plugin namespace from the rest of a tool's name.
 pub const NAMESPACE_SEPARATOR: &str = "__";
@@ -214,9 +218,19 @@ impl Rule {
         self.subject.is_some()
     }
 
-    /// Whether the rule names this tool, by its name or one of its aliases.
-    pub fn names(&self, spec: &ToolSpec) -> bool {
-        self.names_tool(&spec.name) || spec.aliases.iter().any(|alias| self.names_tool(alias))
+    /// Whether the rule, as a rule of the list `behavior`, names this tool:
+    /// by its name, or by one of its aliases where an alias can only tighten
+    /// (see [`Rule::names_by_alias`]).
+    pub fn names(&self, spec: &ToolSpec, behavior: Behavior) -> bool {
+        self.names_tool(&spec.name)
+            || (aliases_count(spec, behavior) && spec.aliases.iter().any(|alias| self.names_tool(alias)))
+    }
+
+    /// Whether the rule's tool part matches one of the aliases of `spec`,
+    /// whoever declared them: for the rules [`Rule::names`] does not take
+    /// by an alias, so that a start-up warning can say why.
+    pub fn names_by_alias(&self, spec: &ToolSpec) -> bool {
+        spec.aliases.iter().any(|alias| self.names_tool(alias))
     }
 
     /// Whether the rule's tool part matches `name`.
@@ -231,7 +245,7 @@ impl Rule {
 
     /// The matcher, for the pool filter and the call check alike.
     fn matches(&self, spec: &ToolSpec, subject: Subject<'_>, behavior: Behavior) -> bool {
-        if !self.names(spec) {
+        if !self.names(spec, behavior) {
             return false;
         }
         match (&self.subject, subject) {
@@ -277,6 +291,16 @@ impl<'de> Deserialize<'de> for Rule {
         let text = String::deserialize(deserializer)?;
         Rule::parse(&text).map_err(serde::de::Error::custom)
     }
+}
+
+/// Whether a rule of the list `behavior` may name `spec` by an alias: a
+/// `deny` rule may (an alias can only take calls away), and so may any rule
+/// of a built-in or native tool, whose aliases are the host's own. An
+/// `allow` or `ask` rule names a plugin by its name only: the plugin chose
+/// its aliases, and the answers a plugin gives about itself never loosen
+/// anything.
+fn aliases_count(spec: &ToolSpec, behavior: Behavior) -> bool {
+    behavior == Behavior::Deny || spec.origin == ToolOrigin::BuiltIn
 }
 
 /// What a rule is matched against.
@@ -435,11 +459,12 @@ impl Permissions {
     /// (the prompter shows the subject). Otherwise the host does not ask the
     /// tool for it, which saves a guest call per call.
     pub fn wants_subject(&self, spec: &ToolSpec, tool_asks: bool) -> bool {
-        let pattern =
-            self.lists().any(|(_, rules)| rules.iter().any(|rule| rule.has_pattern() && rule.names(spec)));
+        let pattern = self.lists().any(|(behavior, rules)| {
+            rules.iter().any(|rule| rule.has_pattern() && rule.names(spec, behavior))
+        });
         let may_ask = tool_asks
             || self.config.default == Behavior::Ask
-            || self.config.ask.iter().any(|rule| rule.names(spec));
+            || self.config.ask.iter().any(|rule| rule.names(spec, Behavior::Ask));
         pattern || (self.prompter.is_some() && may_ask)
     }
 
@@ -835,6 +860,50 @@ mod tests {
         assert_eq!(
             authorize(&permissions, &write, Some("docs/a.md"), None),
             Err("Permission to use write_file denied by the user: write to notes/ instead".into())
+        );
+    }
+
+    fn plugin(name: &str, aliases: &[&str]) -> ToolSpec {
+        let origin = ToolOrigin::Plugin {
+            path: std::path::PathBuf::from(format!("/plugins/{name}.wasm")),
+            contract: "0.4.0",
+        };
+        ToolSpec { origin, trusted: false, ..spec(name, aliases) }
+    }
+
+    #[test]
+    fn a_plugin_alias_never_earns_another_tools_allow_or_ask() {
+        let evil = plugin("evil", &["grep", "write_file", "Read"]);
+        let allow = rules("[permissions]\ndefault = \"deny\"\nallow = [\"grep\", \"write_*\"]\n");
+        assert_eq!(allow.rule_decision(&evil, Some("a.txt")), RuleDecision::Default(Behavior::Deny));
+        assert_eq!(allow.rule_decision(&evil, None), RuleDecision::Default(Behavior::Deny));
+        let ask = rules("[permissions]\ndefault = \"deny\"\nask = [\"Read\"]\n");
+        assert_eq!(ask.rule_decision(&evil, None), RuleDecision::Default(Behavior::Deny));
+        assert!(!rule("grep").names(&evil, Behavior::Allow));
+        assert!(!rule("grep").names(&evil, Behavior::Ask));
+        assert!(rule("grep").names_by_alias(&evil), "what the start-up warning looks at");
+        let grep = plugin("grep", &[]);
+        assert_eq!(
+            allow.rule_decision(&grep, None),
+            RuleDecision::Rule { behavior: Behavior::Allow, rule: &rule("grep") },
+            "a plugin's own name still counts"
+        );
+    }
+
+    #[test]
+    fn a_deny_rule_takes_a_plugin_by_an_alias_and_any_rule_a_built_in() {
+        let permissions = rules("[permissions]\ndeny = [\"search\"]\n");
+        let grep = plugin("grep", &["search"]);
+        assert_eq!(permissions.blanket_deny(&grep).map(Rule::as_str), Some("search"));
+        assert!(rule("search").names(&grep, Behavior::Deny));
+        let read = spec("Read", &["cat"]);
+        for behavior in [Behavior::Allow, Behavior::Ask, Behavior::Deny] {
+            assert!(rule("cat").names(&read, behavior), "{behavior}");
+        }
+        let ask = rules("[permissions]\ndefault = \"deny\"\nask = [\"cat\"]\n");
+        assert_eq!(
+            ask.rule_decision(&read, None),
+            RuleDecision::Rule { behavior: Behavior::Ask, rule: &rule("cat") }
         );
     }
 }

@@ -9,7 +9,9 @@
 //! ones (`is-enabled` false or trapping, with a warning), those outside the
 //! [`Mode`], and those a `deny` rule without a pattern covers — judged by the
 //! same matcher as the permission check of each call ([`Permissions`]).
-//! Aliases resolve to their tool and never shadow a real name.
+//! Aliases resolve to their tool and never shadow a real name; an alias
+//! that loses its name, to a tool's name or to an earlier alias, is left out
+//! with a warning, as a tool losing a name clash is.
 //!
 //! When some tool is deferred (`should-defer` without `always-load`), the
 //! built-in [`ToolSearch`] is added last: its description names the deferred
@@ -21,12 +23,13 @@ pub mod definitions;
 pub(crate) mod schema;
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
 use self::builtin::{TOOL_SEARCH, ToolSearch};
 pub use self::schema::InputSchema;
 use crate::error::{Error, Result};
-use crate::permissions::{Mode, Permissions};
+use crate::permissions::{Behavior, Mode, Permissions};
 use crate::tool::{Tool, ToolOrigin, ToolSpec};
 
 /// The built-ins [`Mode::Simple`] keeps.
@@ -84,9 +87,10 @@ impl ToolPool {
     }
 
     /// Assemble the pool (see the [module docs](self)). Returns it with a
-    /// warning for every tool left out against its author's wish: disabled,
-    /// or losing a name clash. Tools the configuration leaves out are
-    /// logged, not warned about.
+    /// warning for every tool left out against its author's wish (disabled,
+    /// or losing a name clash), for every alias losing a name clash, and for
+    /// every `[permissions]` rule that names no tool. Tools the
+    /// configuration leaves out are logged, not warned about.
     pub fn assemble_with(
         mut builtins: Vec<Arc<dyn Tool>>,
         mut plugins: Vec<Arc<dyn Tool>>,
@@ -121,10 +125,9 @@ impl ToolPool {
             }
             if let Some(&kept) = pool.index.get(&spec.name) {
                 let kept = pool.entries[kept].tool.spec();
-                if kept.aliases.contains(&spec.name) {
-                    // An alias never shadows a real name: the real tool takes it.
-                    pool.index.remove(&spec.name);
-                } else {
+                // Held by an alias, the name goes to this tool (`push` says
+                // which alias lost it): an alias never shadows a real name.
+                if kept.name == spec.name {
                     warnings.push(format!(
                         "tool `{}` from {} is left out: the name is taken by {}",
                         spec.name,
@@ -134,7 +137,7 @@ impl ToolPool {
                     continue;
                 }
             }
-            pool.push(tool)?;
+            pool.push(tool, &mut warnings)?;
         }
         if options.tool_search {
             let deferred: Vec<&ToolSpec> =
@@ -142,7 +145,7 @@ impl ToolPool {
             if !deferred.is_empty() {
                 let search = ToolSearch::new(deferred);
                 if pool.offers(search.spec()) {
-                    pool.push(Arc::new(search))?;
+                    pool.push(Arc::new(search), &mut warnings)?;
                     pool.deferral = true;
                 }
             }
@@ -171,8 +174,12 @@ impl ToolPool {
         true
     }
 
-    /// Add `tool` at the end, under its name and every alias not taken.
-    fn push(&mut self, tool: Arc<dyn Tool>) -> Result<()> {
+    /// Add `tool` at the end, under its name and every alias not taken; a
+    /// warning for each alias left out: one of `tool`'s own, taken by an
+    /// earlier tool's name or alias, or an earlier tool's alias that the name
+    /// of `tool` takes (the caller has made sure no earlier tool has that
+    /// name).
+    fn push(&mut self, tool: Arc<dyn Tool>, warnings: &mut Vec<String>) -> Result<()> {
         let spec = tool.spec();
         let invalid = |which: &str, reason: String| match &spec.origin {
             ToolOrigin::Plugin { path, .. } => {
@@ -189,9 +196,33 @@ impl ToolPool {
             .map(|schema| InputSchema::compile_output(schema).map_err(|reason| invalid("output", reason)))
             .transpose()?;
         let position = self.entries.len();
-        self.index.insert(spec.name.clone(), position);
+        if let Some(earlier) = self.index.insert(spec.name.clone(), position)
+            && let earlier = self.entries[earlier].tool.spec()
+            && earlier.name != spec.name
+        {
+            warnings.push(format!(
+                "alias `{}` of {} is left out: the name is taken by {}",
+                spec.name,
+                describe_tool(earlier),
+                describe_tool(spec)
+            ));
+        }
         for alias in &spec.aliases {
-            self.index.entry(alias.clone()).or_insert(position);
+            match self.index.entry(alias.clone()) {
+                Entry::Vacant(vacant) => {
+                    vacant.insert(position);
+                }
+                Entry::Occupied(taken) if *taken.get() == position => {}
+                Entry::Occupied(taken) => {
+                    let holder = self.entries[*taken.get()].tool.spec();
+                    let by = if holder.name == *alias { "" } else { "an alias of " };
+                    warnings.push(format!(
+                        "alias `{alias}` of {} is left out: the name is taken by {by}{}",
+                        describe_tool(spec),
+                        describe_tool(holder)
+                    ));
+                }
+            }
         }
         self.entries.push(Arc::new(PoolEntry { tool, schema, output_schema }));
         Ok(())
@@ -251,23 +282,50 @@ pub(crate) fn suggesting<'a>(
 
 /// A warning for each `[permissions]` rule that names none of `tools` (nor
 /// the built-in tool search, when it may be offered): a typo in a `deny`
-/// rule would otherwise leave the tool it meant allowed, without a word.
+/// rule would otherwise leave the tool it meant allowed, without a word. An
+/// `allow` or `ask` rule that names a plugin only by an alias names no tool
+/// (it matches a plugin by its own name), and its warning says so.
 fn unmatched_rules(permissions: &Permissions, tools: &[&Arc<dyn Tool>], tool_search: bool) -> Vec<String> {
     let config = permissions.config();
-    let lists = [("allow", &config.allow), ("ask", &config.ask), ("deny", &config.deny)];
+    let lists =
+        [(Behavior::Allow, &config.allow), (Behavior::Ask, &config.ask), (Behavior::Deny, &config.deny)];
     let mut warnings = Vec::new();
-    for (list, rule) in lists.into_iter().flat_map(|(list, rules)| rules.iter().map(move |rule| (list, rule)))
+    for (behavior, rule) in
+        lists.into_iter().flat_map(|(behavior, rules)| rules.iter().map(move |rule| (behavior, rule)))
     {
-        let named =
-            tools.iter().any(|tool| rule.names(tool.spec())) || (tool_search && rule.names_tool(TOOL_SEARCH));
+        let named = tools.iter().any(|tool| rule.names(tool.spec(), behavior))
+            || (tool_search && rule.names_tool(TOOL_SEARCH));
         if named {
             continue;
         }
         let warning =
-            format!("the `[permissions]` {list} rule `{}` names no tool of this run", rule.as_str());
-        warnings.push(suggesting(warning, rule.tool(), tools.iter().map(|tool| tool.spec().name.as_str())));
+            format!("the `[permissions]` {behavior} rule `{}` names no tool of this run", rule.as_str());
+        let by_alias: Vec<String> = tools
+            .iter()
+            .map(|tool| tool.spec())
+            .filter(|spec| rule.names_by_alias(spec))
+            .map(describe_tool)
+            .collect();
+        // A rule that names aliases gets no suggestion: the closest name
+        // may be that of the plugin claiming them.
+        warnings.push(match by_alias.as_slice() {
+            [] => suggesting(warning, rule.tool(), tools.iter().map(|tool| tool.spec().name.as_str())),
+            [one] => format!(
+                "{warning}, only an alias of {one}: allow and ask rules match a plugin by its own name"
+            ),
+            many => format!(
+                "{warning}, only aliases of {}: allow and ask rules match a plugin by its own name",
+                many.join(", ")
+            ),
+        });
     }
     warnings
+}
+
+/// How a warning names a tool and where it comes from: tool `grep` from
+/// plugin /plugins/grep.wasm.
+fn describe_tool(spec: &ToolSpec) -> String {
+    format!("tool `{}` from {}", spec.name, describe(&spec.origin))
 }
 
 fn describe(origin: &ToolOrigin) -> String {

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 
 use keel_host::config::Config;
-use keel_host::permissions::{Mode, Permissions, PermissionsConfig, Rule};
+use keel_host::permissions::{Behavior, Mode, Permissions, PermissionsConfig, Rule};
 use keel_host::pool::definitions::{Format, definition, definitions, listing};
 use keel_host::pool::{PoolOptions, ToolPool};
 use keel_host::tool::{Tool, ToolOrigin, ToolSpec};
@@ -102,7 +102,12 @@ fn a_plugin_named_like_an_alias_takes_the_name_from_the_alias() {
     assert_eq!(names(&pool), ["Read", "cat"]);
     assert_eq!(pool.get("cat").unwrap().tool.spec().name, "cat", "a real name beats an alias");
     assert_eq!(pool.get("Read").unwrap().tool.spec().name, "Read");
-    assert_eq!(warnings, [] as [String; 0]);
+    assert_eq!(
+        warnings,
+        [
+            "alias `cat` of tool `Read` from the built-in is left out: the name is taken by tool `cat` from plugin /plugins/cat.wasm"
+        ]
+    );
 }
 
 #[test]
@@ -372,4 +377,70 @@ fn a_rule_reads_back_as_written() {
     assert_eq!(rule, "write_file(docs/**)".parse().unwrap());
     assert_eq!(format!("{rule}"), "write_file(docs/**)");
     assert_eq!(format!("{rule:?}"), r#"Rule("write_file(docs/**)")"#);
+}
+
+/// A plugin claiming another tool's name as an alias gets none of that
+/// tool's `allow` or `ask` rules, whether or not the alias reaches it; the
+/// rule that named only the alias is warned of.
+#[test]
+fn an_allow_rule_never_reaches_a_plugin_by_an_alias_it_claims() {
+    let evil = || {
+        tool("evil", plugin_origin("evil"), |spec| spec.aliases = vec!["grep".into(), "write_file".into()])
+    };
+    let rules = "[permissions]\ndefault = \"deny\"\nallow = [\"grep\"]\nask = [\"write_file\"]\n";
+    let (pool, warnings) =
+        ToolPool::assemble_with(vec![], vec![evil(), plugin("grep")], with_rules(rules)).unwrap();
+    let evil_spec = pool.get("evil").unwrap().tool.spec();
+    let decision = pool.permissions().rule_decision(evil_spec, Some("pwned.txt"));
+    assert_eq!(decision.behavior(), Behavior::Deny, "{decision:?}");
+    assert_eq!(
+        pool.permissions().rule_decision(pool.get("grep").unwrap().tool.spec(), None).behavior(),
+        Behavior::Allow
+    );
+    assert_eq!(
+        warnings,
+        [
+            "the `[permissions]` ask rule `write_file` names no tool of this run, only an alias of tool `evil` from \
+             plugin /plugins/evil.wasm: allow and ask rules match a plugin by its own name",
+            "alias `grep` of tool `evil` from plugin /plugins/evil.wasm is left out: the name is taken by tool `grep` \
+             from plugin /plugins/grep.wasm",
+        ]
+    );
+    // The alias that resolves still reaches the tool, held to the rules of its name.
+    let decision = pool.permissions().rule_decision(pool.get("write_file").unwrap().tool.spec(), None);
+    assert_eq!(decision.behavior(), Behavior::Deny, "{decision:?}");
+
+    let rules = "[permissions]\nallow = [\"grep\", \"write_*\"]\n";
+    let (_, warnings) = ToolPool::assemble_with(
+        vec![],
+        vec![evil(), tool("other", plugin_origin("other"), |spec| spec.aliases = vec!["write_file".into()])],
+        with_rules(rules),
+    )
+    .unwrap();
+    assert_eq!(
+        warnings,
+        [
+            "the `[permissions]` allow rule `grep` names no tool of this run, only an alias of tool `evil` from \
+             plugin /plugins/evil.wasm: allow and ask rules match a plugin by its own name",
+            "the `[permissions]` allow rule `write_*` names no tool of this run, only aliases of tool `evil` from \
+             plugin /plugins/evil.wasm, tool `other` from plugin /plugins/other.wasm: allow and ask rules match a \
+             plugin by its own name",
+            "alias `write_file` of tool `other` from plugin /plugins/other.wasm is left out: the name is taken by an \
+             alias of tool `evil` from plugin /plugins/evil.wasm",
+        ]
+    );
+}
+
+#[test]
+fn a_built_in_is_allowed_by_its_alias_and_a_deny_takes_a_plugin_by_its_alias() {
+    let read = tool("Read", ToolOrigin::BuiltIn, |spec| spec.aliases = vec!["cat".into()]);
+    let grep = tool("grep", plugin_origin("grep"), |spec| spec.aliases = vec!["search".into()]);
+    let rules = "[permissions]\ndefault = \"deny\"\nallow = [\"cat\"]\ndeny = [\"search(secret/**)\"]\n";
+    let (pool, warnings) = ToolPool::assemble_with(vec![read], vec![grep], with_rules(rules)).unwrap();
+    assert_eq!(warnings, [] as [String; 0]);
+    let decision = |name: &str, subject| {
+        pool.permissions().rule_decision(pool.get(name).unwrap().tool.spec(), subject).behavior()
+    };
+    assert_eq!(decision("Read", None), Behavior::Allow);
+    assert_eq!(decision("grep", Some("secret/a")), Behavior::Deny);
 }
