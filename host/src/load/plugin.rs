@@ -221,17 +221,25 @@ impl LoadAnswers {
     }
 
     /// The tool spec of the plugin at `path` that gave these answers, under
-    /// `grant`; an error names what in them is not acceptable.
+    /// `grant`; an error names what in them is not acceptable. The tool's
+    /// name and each of its aliases must be 1 to 64 letters, digits, `_` or
+    /// `-`: an alias is called and matched by rules as a name is.
     fn into_spec(self, path: &Path, grant: &PluginGrant) -> Result<ToolSpec> {
         let LoadAnswers { contract, metadata, enabled, max_result_size, requires_user_interaction, .. } =
             self;
-        let name_ok = !metadata.name.is_empty()
-            && metadata.name.len() <= 64
-            && metadata.name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
-        if !name_ok {
+        if !is_tool_name(&metadata.name) {
             return Err(Error::plugin(
                 path,
                 format!("tool name {:?} must be 1 to 64 letters, digits, `_` or `-`", metadata.name),
+            ));
+        }
+        if let Some(alias) = metadata.aliases.iter().find(|alias| !is_tool_name(alias)) {
+            return Err(Error::plugin(
+                path,
+                format!(
+                    "alias {alias:?} of `{}` must be 1 to 64 letters, digits, `_` or `-`, as a tool name",
+                    metadata.name
+                ),
             ));
         }
         let parse = |what: &str, text: &str| {
@@ -270,6 +278,14 @@ impl LoadAnswers {
             trusted: grant.trusted,
         })
     }
+}
+
+/// Whether a plugin's tool name, or one of its aliases, is 1 to 64 letters,
+/// digits, `_` or `-`.
+fn is_tool_name(name: &str) -> bool {
+    !name.is_empty()
+        && name.len() <= 64
+        && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 impl PluginTool {
@@ -1102,4 +1118,61 @@ pub fn plugin_files(path: &Path) -> Result<Vec<PathBuf>> {
     }
     files.sort();
     Ok(files)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn answers(name: &str, aliases: &[&str]) -> LoadAnswers {
+        LoadAnswers {
+            contract: Version::V0_4,
+            metadata: bindings::ToolMetadata {
+                name: name.into(),
+                aliases: aliases.iter().map(|alias| alias.to_string()).collect(),
+                description: "A tool.".into(),
+                prompt: String::new(),
+                input_schema: r#"{"type":"object"}"#.into(),
+                output_schema: None,
+                search_hint: None,
+                should_defer: false,
+                always_load: false,
+                strict: false,
+                interrupt_behavior: bindings::InterruptBehavior::Block,
+                user_facing_name: String::new(),
+            },
+            env: String::new(),
+            enabled: true,
+            max_result_size: None,
+            requires_user_interaction: false,
+            fixed: Fixed::NONE,
+        }
+    }
+
+    fn spec_of(name: &str, aliases: &[&str]) -> Result<ToolSpec> {
+        let path = Path::new("/plugins/tool.wasm");
+        answers(name, aliases).into_spec(path, &PluginGrant::workspace_only(Path::new("/ws")))
+    }
+
+    #[test]
+    fn an_alias_is_held_to_the_rules_of_a_tool_name() {
+        let spec = spec_of("grep", &["search", "find-text_2"]).unwrap();
+        assert_eq!(spec.aliases, ["search", "find-text_2"]);
+        let long = "a".repeat(65);
+        for bad in ["", "a b", "../x", "x\u{1b}[31m", "é", long.as_str()] {
+            let error = spec_of("grep", &["search", bad]).unwrap_err().to_string();
+            assert_eq!(
+                error,
+                format!(
+                    "failed to load plugin /plugins/tool.wasm: alias {bad:?} of `grep` must be 1 to 64 \
+                     letters, digits, `_` or `-`, as a tool name"
+                )
+            );
+        }
+        let error = spec_of("a b", &[]).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            r#"failed to load plugin /plugins/tool.wasm: tool name "a b" must be 1 to 64 letters, digits, `_` or `-`"#
+        );
+    }
 }
