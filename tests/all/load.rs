@@ -122,3 +122,17 @@ fn a_missing_plugin_path_is_an_error_naming_it() {
     let error = result.err().unwrap().to_string();
     assert!(error.starts_with(&format!("failed to read {}: ", missing.display())), "{error}");
 }
+
+#[test]
+fn a_component_importing_what_the_host_does_not_provide_is_refused_naming_the_import() {
+    let wat = r#"(component
+        (import "acme:weird/thing" (instance (export "poke" (func))))
+        (instance $guest)
+        (export "keel:tool/guest@0.4.0" (instance $guest)))"#;
+    assert_eq!(
+        load_error(&wat::parse_str(wat).unwrap()),
+        "cannot be linked: component imports instance `acme:weird/thing`, but a matching implementation \
+         was not found in the linker: instance export `poke` has the wrong type: function implementation \
+         is missing"
+    );
+}

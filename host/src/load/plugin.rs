@@ -439,7 +439,9 @@ impl PluginTool {
 }
 
 /// Check that `component` speaks a contract version this host loads, and
-/// link it for that version.
+/// link it for that version. A link error gives wasmtime's whole chain of
+/// messages: the outer ones name the import the host does not provide (and
+/// the function of it), the innermost only says what is missing.
 pub(crate) fn link(
     runtime: &Runtime,
     path: &Path,
@@ -449,7 +451,7 @@ pub(crate) fn link(
     let instance_pre = runtime
         .linker()
         .instantiate_pre(component)
-        .map_err(|error| Error::plugin(path, format!("cannot be linked: {}", root_cause(&error))))?;
+        .map_err(|error| Error::plugin(path, format!("cannot be linked: {error:#}")))?;
     GuestPre::new(version, instance_pre).map_err(|error| {
         Error::plugin(path, format!("does not export the keel tool contract: {}", root_cause(&error)))
     })
