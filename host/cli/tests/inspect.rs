@@ -228,7 +228,7 @@ fn errors_say_what_failed_where_and_what_to_do() {
             "error: invalid config {}: unknown field `memory`, expected one of `fuel`, `deadline_ms`, \
              `memory_mib`, `table_elements`, `stack_kib`, `batch_fuel`, `transfer_mib`, `resources`, \
              `input_kib`, `network_requests`, `network_sent_mib`, `network_received_mib`, \
-             `network_connect_ms`, `network_response_ms`, `network_connections` (line 3, column 1)\n",
+             `network_connect_ms`, `network_response_ms`, `network_connections`, `context_kib` (line 3, column 1)\n",
             dir.path().canonicalize().unwrap().join("keel.toml").display()
         )
     );
