@@ -256,7 +256,7 @@ fn a_server_stopped_before_its_session_began_exits_at_once() {
 }
 
 #[test]
-fn the_end_of_its_input_answers_every_stdio_call_in_flight_as_a_signal_does() {
+fn the_end_of_its_input_lets_every_stdio_call_in_flight_run_to_its_end_and_answers_it() {
     let workspace = tempfile::tempdir().unwrap();
     let mut child = support::command(workspace.path(), &[bundled("sleep"), bundled("write_file")], &[])
         .stdin(Stdio::piped())
@@ -273,12 +273,14 @@ fn the_end_of_its_input_answers_every_stdio_call_in_flight_as_a_signal_does() {
         "clientInfo": { "name": "test", "version": "1" } } }),
     );
     send(&mut stdin, &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
-    // A call of a minute, running, and a write waiting behind it (it is
-    // not concurrency-safe), when the client closes its input.
+    // A call of six seconds, running, and a write waiting behind it (it is
+    // not concurrency-safe), when the client closes its input, as a client
+    // that writes its requests and closes stdin does: both run to their ends
+    // and are answered, though they take longer than rmcp's own drain (5 s).
     send(
         &mut stdin,
         &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-        "name": "sleep", "arguments": { "ms": 60000, "steps": 60000 },
+        "name": "sleep", "arguments": { "ms": 6000, "steps": 60 },
         "_meta": { "progressToken": "p" } } }),
     );
     first(&mut stdout, "a progress report", |message| message["method"] == "notifications/progress");
@@ -315,9 +317,69 @@ fn the_end_of_its_input_answers_every_stdio_call_in_flight_as_a_signal_does() {
         let result = &answered.get(&id).unwrap_or_else(|| panic!("no reply to {id}: {answered:?}"))["result"];
         (result["content"][0]["text"].as_str().unwrap().to_owned(), result["isError"] == true)
     };
-    assert_eq!(text(2), ("Interrupted: the call was stopped before it finished.".into(), true));
-    assert_eq!(text(3), ("Interrupted: the call was not started.".into(), true));
+    assert!(!text(2).1 && !text(2).0.starts_with("Interrupted"), "{answered:?}");
+    assert!(!text(3).1, "{answered:?}");
     let status = exit_within(&mut child, Duration::from_secs(30));
     assert!(status.success(), "{status}");
-    assert!(!workspace.path().join("after.txt").exists(), "the call not started never runs");
+    assert_eq!(std::fs::read_to_string(workspace.path().join("after.txt")).unwrap(), "x");
+}
+
+#[test]
+fn a_stop_answers_the_calls_waiting_their_turn_as_not_started_and_runs_none_of_them() {
+    let workspace = tempfile::tempdir().unwrap();
+    let mut child = support::command(workspace.path(), &[bundled("sleep"), bundled("write_file")], &[])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdin = child.stdin.take().unwrap();
+    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
+    send(
+        &mut stdin,
+        &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
+        "protocolVersion": "2025-06-18", "capabilities": {},
+        "clientInfo": { "name": "test", "version": "1" } } }),
+    );
+    send(&mut stdin, &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
+    send(
+        &mut stdin,
+        &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "sleep", "arguments": { "ms": 60000, "steps": 60 },
+        "_meta": { "progressToken": "p" } } }),
+    );
+    first(&mut stdout, "a progress report", |message| message["method"] == "notifications/progress");
+    // Writes waiting behind the sleep (they are not concurrency-safe). The
+    // stop interrupts the sleep, which gives its turn to the first of them:
+    // that one must find itself stopped too, not start.
+    const WRITES: u64 = 30;
+    for n in 0..WRITES {
+        send(
+            &mut stdin,
+            &json!({ "jsonrpc": "2.0", "id": 10 + n, "method": "tools/call", "params": {
+            "name": "write_file", "arguments": { "file_path": format!("w{n}.txt"), "content": "x" } } }),
+        );
+    }
+    // Answered once every request before it was read.
+    send(&mut stdin, &json!({ "jsonrpc": "2.0", "id": 3, "method": "ping" }));
+    first(&mut stdout, "the ping's reply", |message| message["id"] == 3);
+    signal_child(&child, "TERM");
+    let mut not_started = 0;
+    for line in stdout {
+        let message: Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if message["id"].as_u64().is_some_and(|id| id >= 10) {
+            assert_eq!(
+                message["result"]["content"][0]["text"], "Interrupted: the call was not started.",
+                "{message}"
+            );
+            not_started += 1;
+        }
+    }
+    assert_eq!(not_started, WRITES);
+    let status = exit_within(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+    let written: Vec<_> =
+        std::fs::read_dir(workspace.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+    assert!(written.iter().all(|name| !name.to_string_lossy().starts_with('w')), "{written:?}");
+    drop(stdin);
 }

@@ -439,9 +439,12 @@ impl Server {
         };
         let run = arrival.run(tool_use, sink, &interrupt);
         tokio::pin!(run);
+        // The cancellation first: a call whose turn came because a stop
+        // interrupted the call before it (which gave its turn up) must see
+        // its own interrupt before it starts, or it would run, a `block`
+        // tool to its end, though the server stopped before it began.
         let result = tokio::select! {
             biased;
-            result = &mut run => result,
             () = async {
                 tokio::select! {
                     () = cancelled.cancelled() => {}
@@ -451,6 +454,7 @@ impl Server {
                 interrupt.interrupt();
                 run.await
             }
+            result = &mut run => result,
         };
         if let Some(meter) = meter {
             meter.finish(&result, stopped());

@@ -25,9 +25,12 @@
 //! give a later request of the same id.
 //!
 //! At the end of its input, or once the server is stopping, it reads no
-//! more: it interrupts the calls in flight (the server's `stopping` token)
-//! and ends the session only once every request it read is answered, so
-//! that none is left to rmcp's bounded drain.
+//! more, and ends the session only once every request it read is answered,
+//! so that none is left to rmcp's bounded drain. A stop interrupts the calls
+//! in flight (the server's `stopping` token); at the end of the input they
+//! run to their ends, each within its deadline, as a client that writes its
+//! requests and closes its input (`keel serve < requests`) still reads
+//! their replies.
 //!
 //! [`Arrival`]: keel_host::Arrival
 
@@ -151,8 +154,8 @@ impl Drop for Unwritten {
 impl<T> Arrivals<T> {
     /// Stamp the requests `inner` reads, and the calls decoded beneath it
     /// into `lane` ([`fast_calls`]), with arrivals in the stream of the pool
-    /// `shelf` holds as each is read. At the end of the input `stopping` is
-    /// cancelled; once it is, the session ends when every request read is
+    /// `shelf` holds as each is read. At the end of the input, or once
+    /// `stopping` is cancelled, the session ends when every request read is
     /// answered.
     pub fn new(inner: T, shelf: Shelf, lane: CallLane, stopping: CancellationToken) -> Self {
         Arrivals { inner, shelf, lane, gone: Arc::default(), ledger: Arc::default(), stopping, ending: false }
@@ -207,7 +210,6 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
             }
             if self.ending || self.stopping.is_cancelled() {
                 self.ending = true;
-                self.stopping.cancel();
                 self.ledger.settled().await;
                 return None;
             }
@@ -220,7 +222,7 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
                 } => read,
             };
             let Some(message) = read else {
-                tracing::debug!("the input ended: the calls in flight are interrupted and answered");
+                tracing::debug!("the input ended: the calls in flight run to their ends and are answered");
                 self.ending = true;
                 continue;
             };

@@ -152,9 +152,9 @@ async fn session(server: Server, shared: Handle) -> Result<()> {
         }
         () = stopping.cancelled() => {}
     }
-    // Stopping, on a signal or at the end of the input: the calls in flight
-    // were interrupted, and the transport ends the session once each is
-    // answered.
+    // Stopping on a signal: the calls in flight were interrupted, and the
+    // transport ends the session once each is answered. (At the end of the
+    // input they run to their ends, and the session ends above.)
     match tokio::time::timeout(stop::DRAIN, waiting).await {
         Ok(ended) => {
             ended.context("the MCP session failed")?;
