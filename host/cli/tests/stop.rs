@@ -66,16 +66,17 @@ fn sigterm_stops_the_http_server_with_its_trace_written_and_its_spans_sent() {
     );
 }
 
-/// A stdio `keel serve` of `plugin` with `flags`, whose stderr is `stderr`,
+/// A stdio `keel serve` of `plugins` with `flags`, whose stderr is `stderr`,
 /// once a client initialized its session: the child, its stdin (open) and
 /// the lines of its stdout.
 fn stdio_session(
     workspace: &Path,
-    plugin: &str,
+    plugins: &[&str],
     flags: &[&str],
     stderr: Stdio,
 ) -> (Child, ChildStdin, Lines<BufReader<ChildStdout>>) {
-    let mut child = support::command(workspace, &[bundled(plugin)], flags)
+    let plugins: Vec<_> = plugins.iter().map(|plugin| bundled(plugin)).collect();
+    let mut child = support::command(workspace, &plugins, flags)
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(stderr)
@@ -116,7 +117,7 @@ fn first(stdout: &mut Lines<BufReader<ChildStdout>>, what: &str, wanted: impl Fn
 /// still open.
 fn stdio_server_after_one_call(workspace: &Path, trace: &Path, stderr: Stdio) -> (Child, ChildStdin) {
     let (child, mut stdin, mut stdout) =
-        stdio_session(workspace, "echo", &["--trace", trace.to_str().unwrap()], stderr);
+        stdio_session(workspace, &["echo"], &["--trace", trace.to_str().unwrap()], stderr);
     send(
         &mut stdin,
         &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call",
@@ -196,7 +197,7 @@ fn sigterm_answers_the_http_call_in_flight_before_the_server_exits() {
 #[test]
 fn sigint_answers_the_stdio_call_in_flight_before_the_server_exits() {
     let workspace = tempfile::tempdir().unwrap();
-    let (mut child, mut stdin, mut stdout) = stdio_session(workspace.path(), "sleep", &[], Stdio::piped());
+    let (mut child, mut stdin, mut stdout) = stdio_session(workspace.path(), &["sleep"], &[], Stdio::piped());
     // A call of a minute, reporting progress every millisecond: the first
     // report says it runs, and when the signal comes a report is most likely
     // on its way, which a stopped session no longer sends.
@@ -258,21 +259,8 @@ fn a_server_stopped_before_its_session_began_exits_at_once() {
 #[test]
 fn the_end_of_its_input_lets_every_stdio_call_in_flight_run_to_its_end_and_answers_it() {
     let workspace = tempfile::tempdir().unwrap();
-    let mut child = support::command(workspace.path(), &[bundled("sleep"), bundled("write_file")], &[])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    send(
-        &mut stdin,
-        &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": { "name": "test", "version": "1" } } }),
-    );
-    send(&mut stdin, &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
+    let (mut child, mut stdin, mut stdout) =
+        stdio_session(workspace.path(), &["sleep", "write_file"], &[], Stdio::null());
     // A call of six seconds, running, and a write waiting behind it (it is
     // not concurrency-safe), when the client closes its input, as a client
     // that writes its requests and closes stdin does: both run to their ends
@@ -327,21 +315,8 @@ fn the_end_of_its_input_lets_every_stdio_call_in_flight_run_to_its_end_and_answe
 #[test]
 fn a_stop_answers_the_calls_waiting_their_turn_as_not_started_and_runs_none_of_them() {
     let workspace = tempfile::tempdir().unwrap();
-    let mut child = support::command(workspace.path(), &[bundled("sleep"), bundled("write_file")], &[])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .unwrap();
-    let mut stdin = child.stdin.take().unwrap();
-    let mut stdout = BufReader::new(child.stdout.take().unwrap()).lines();
-    send(
-        &mut stdin,
-        &json!({ "jsonrpc": "2.0", "id": 1, "method": "initialize", "params": {
-        "protocolVersion": "2025-06-18", "capabilities": {},
-        "clientInfo": { "name": "test", "version": "1" } } }),
-    );
-    send(&mut stdin, &json!({ "jsonrpc": "2.0", "method": "notifications/initialized" }));
+    let (mut child, mut stdin, mut stdout) =
+        stdio_session(workspace.path(), &["sleep", "write_file"], &[], Stdio::null());
     send(
         &mut stdin,
         &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {

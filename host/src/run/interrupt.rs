@@ -20,6 +20,14 @@ impl Interrupt {
         Interrupt::default()
     }
 
+    /// A fresh interrupt that `token` triggers too, the moment it is
+    /// cancelled: a server that stops every call at once has each call see
+    /// the stop before any of them is polled again, so no call that was
+    /// waiting its turn can start in between.
+    pub fn child_of(token: &CancellationToken) -> Self {
+        Interrupt(Some(token.child_token()))
+    }
+
     /// An interrupt nothing can trigger, for a batch no handle reaches: it
     /// holds no token, so its calls take no lock to learn they may go on.
     pub(crate) fn never() -> Self {

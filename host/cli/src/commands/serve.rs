@@ -400,7 +400,9 @@ impl Server {
         log: Option<(Arc<forward::LogLines>, LogLevel)>,
     ) -> ToolResult {
         let stopped = || cancelled.is_cancelled() || self.stopping.is_cancelled();
-        let interrupt = Interrupt::new();
+        // The server's stop interrupts the call the moment it comes; a
+        // cancellation, below, when the call is next polled.
+        let interrupt = Interrupt::child_of(&self.stopping);
         if stopped() {
             interrupt.interrupt();
         }
