@@ -522,7 +522,10 @@ pub trait Tool {
     const DESCRIPTION: &'static str;
     /// Longer usage guidance for the model. Default: none.
     const PROMPT: &'static str = "";
-    /// Former names that still reach this tool. Default: none.
+    /// Former names that still reach this tool, each held to the rules of
+    /// [`Tool::NAME`] (a plugin with another is refused). A `deny` rule that
+    /// names an alias covers the tool; `allow` and `ask` rules match its own
+    /// name only. Default: none.
     const ALIASES: &'static [&'static str] = &[];
     /// A 3–10 word phrase a search for deferred tools matches. Default: none.
     const SEARCH_HINT: Option<&'static str> = None;
