@@ -455,6 +455,11 @@ pub(crate) fn modifier_refused(name: &str, refused: &crate::run::context::Refuse
 
 fn call_failed(name: &str, error: &CallError) -> String {
     match error {
+        // An error result tells the model what went wrong; an empty one
+        // would tell it nothing, not even which tool failed.
+        CallError::Tool(message) if message.trim().is_empty() => {
+            format!("{name} failed without saying why (its error message was empty)")
+        }
         CallError::Tool(message) => message.clone(),
         other => format!("{name} failed: {other}"),
     }
@@ -471,6 +476,15 @@ mod tests {
         fn drop(&mut self) {
             tracing::info!("dropped");
         }
+    }
+
+    #[test]
+    fn a_tools_empty_error_says_which_tool_failed() {
+        assert_eq!(
+            call_failed("grep", &CallError::Tool(" \n".into())),
+            "grep failed without saying why (its error message was empty)"
+        );
+        assert_eq!(call_failed("grep", &CallError::Tool("no such file".into())), "no such file");
     }
 
     #[test]
