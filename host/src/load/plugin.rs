@@ -230,14 +230,18 @@ impl LoadAnswers {
         if !is_tool_name(&metadata.name) {
             return Err(Error::plugin(
                 path,
-                format!("tool name {:?} must be 1 to 64 letters, digits, `_` or `-`", metadata.name),
+                format!(
+                    "tool name {} must be 1 to 64 letters, digits, `_` or `-`",
+                    shown_name(&metadata.name)
+                ),
             ));
         }
         if let Some(alias) = metadata.aliases.iter().find(|alias| !is_tool_name(alias)) {
             return Err(Error::plugin(
                 path,
                 format!(
-                    "alias {alias:?} of `{}` must be 1 to 64 letters, digits, `_` or `-`, as a tool name",
+                    "alias {} of `{}` must be 1 to 64 letters, digits, `_` or `-`, as a tool name",
+                    shown_name(alias),
                     metadata.name
                 ),
             ));
@@ -277,6 +281,19 @@ impl LoadAnswers {
             origin: ToolOrigin::Plugin { path: path.to_path_buf(), contract: contract.as_str() },
             trusted: grant.trusted,
         })
+    }
+}
+
+/// A name a plugin gave that breaks the rules, quoted and escaped as Rust
+/// writes a string, and cut after 80 characters: an error shows what was
+/// wrong without repeating ten kilobytes of it.
+fn shown_name(name: &str) -> String {
+    const SHOWN: usize = 80;
+    match name.char_indices().nth(SHOWN) {
+        Some((cut, _)) => {
+            format!("{:?}… ({} bytes)", &name[..cut], name.len())
+        }
+        None => format!("{name:?}"),
     }
 }
 
@@ -1175,6 +1192,16 @@ mod tests {
         assert_eq!(
             error,
             r#"failed to load plugin /plugins/tool.wasm: tool name "a b" must be 1 to 64 letters, digits, `_` or `-`"#
+        );
+        // Ten kilobytes of a name are not repeated whole.
+        let error = spec_of(&"n".repeat(10_000), &[]).unwrap_err().to_string();
+        assert_eq!(
+            error,
+            format!(
+                "failed to load plugin /plugins/tool.wasm: tool name {:?}… (10000 bytes) must be 1 to 64 letters, \
+                 digits, `_` or `-`",
+                "n".repeat(80)
+            )
         );
     }
 }
