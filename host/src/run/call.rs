@@ -443,16 +443,6 @@ fn unknown_tool(pool: &ToolPool, name: &str) -> String {
     }
 }
 
-/// The result text of a call of `name` whose context modifier was refused:
-/// the tool ran, but what it returned is dropped and the context is as it
-/// was.
-pub(crate) fn modifier_refused(name: &str, refused: &crate::run::context::Refused) -> String {
-    format!(
-        "{name} failed: {refused}. The tool ran, but its output was dropped and its change to the context \
-         not applied: the context is as it was"
-    )
-}
-
 fn call_failed(name: &str, error: &CallError) -> String {
     match error {
         // An error result tells the model what went wrong; an empty one

@@ -29,6 +29,16 @@ pub fn size(value: &Value) -> usize {
     crate::run::call::json_size(value)
 }
 
+/// The result text of a call of `name` whose context modifier was refused:
+/// the tool ran, but what it returned is dropped and the context is as it
+/// was.
+pub(crate) fn modifier_refused(name: &str, refused: &Refused) -> String {
+    format!(
+        "{name} failed: {refused}. The tool ran, but its output was dropped and its change to the context \
+         not applied: the context is as it was"
+    )
+}
+
 /// Why a context modifier was refused: applied, it would take the context
 /// past its limit ([`Limits::context`](crate::Limits::context)). The context
 /// is left as it was.

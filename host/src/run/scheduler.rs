@@ -19,7 +19,7 @@ use crate::events::summary::{self, Summarizer, SummaryCall};
 use crate::limits::BatchFuel;
 use crate::pool::ToolPool;
 use crate::run::call::{self, Finished, NOT_STARTED, PLANNING_PANICKED, Prepared, RUN_PANICKED, Steps};
-use crate::run::context::{Bounded, Refused};
+use crate::run::context::{self, Bounded, Refused};
 use crate::run::interrupt::Interrupt;
 use crate::run::partition::{Admission, partition};
 use crate::tool::CallContext;
@@ -793,8 +793,10 @@ pub(crate) async fn run_call(
         };
     if let Some(Err(refused)) = modifier.map(accept) {
         recorder.outcome = Outcome::Limit;
-        result =
-            ToolResult::error(&result.tool_use_id, call::modifier_refused(&entry.tool.spec().name, &refused));
+        result = ToolResult::error(
+            &result.tool_use_id,
+            context::modifier_refused(&entry.tool.spec().name, &refused),
+        );
     }
     let mut steps = Steps { recorder: &mut recorder, span: &span };
     let result = steps.time(Step::Budget, budget.per_tool(result, threshold)).await;
