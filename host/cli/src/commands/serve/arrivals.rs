@@ -82,7 +82,8 @@ pub struct Arrivals<T> {
     gone: Arc<AtomicBool>,
     /// The requests not yet answered, and the messages not yet written.
     ledger: Arc<Ledger>,
-    /// The server's: cancelled when it stops, and by the end of the input.
+    /// The server's: cancelled when it stops (not by the end of the input,
+    /// after which the calls in flight run to their ends).
     stopping: CancellationToken,
     /// Set once no further message is to be read: the input ended, or the
     /// server is stopping.
