@@ -28,13 +28,18 @@ impl Drop for Registry {
 }
 
 /// Install `package` with apt-get when `binary` is missing; fail, saying
-/// so, when it cannot be.
+/// so, when it cannot be. The tests of one binary that run side by side
+/// install one at a time, and apt-get waits for a lock another process holds,
+/// where two installs at once had one of them fail on the lock.
 pub fn ensure_installed(binary: &str, package: &str) {
+    static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let _installing = INSTALLING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
     if Path::new(binary).exists() {
         return;
     }
     let install = |args: &[&str]| {
         Command::new("apt-get")
+            .args(["-o", "DPkg::Lock::Timeout=300"])
             .args(args)
             .env("DEBIAN_FRONTEND", "noninteractive")
             .stdout(Stdio::null())
