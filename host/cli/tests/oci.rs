@@ -161,18 +161,26 @@ fn a_second_start_with_the_registry_stopped_is_served_from_the_cache() {
     assert!(!output.status.success());
 }
 
-#[test]
-fn a_blob_corrupted_in_the_registry_is_refused() {
-    let registry = Registry::start();
-    let project = Project::new();
-    let tag = format!("oci://{}/tools/echo:corrupt", registry.addr);
-    publish(&project, &tag);
+/// Publishes `echo` as `tag`, then flips a byte in the middle of its blob in
+/// the registry's storage, so that what a pull gets no longer has its digest.
+/// Returns the component as published.
+fn publish_corrupted(registry: &Registry, project: &Project, tag: &str) -> Vec<u8> {
+    publish(project, tag);
     let component = std::fs::read(echo()).unwrap();
     let blob = registry.blob_file(&sha256(&component));
     let mut bytes = std::fs::read(&blob).unwrap();
     let middle = bytes.len() / 2;
     bytes[middle] ^= 0xff;
     std::fs::write(&blob, &bytes).unwrap();
+    component
+}
+
+#[test]
+fn a_blob_corrupted_in_the_registry_is_refused() {
+    let registry = Registry::start();
+    let project = Project::new();
+    let tag = format!("oci://{}/tools/echo:corrupt", registry.addr);
+    let component = publish_corrupted(&registry, &project, &tag);
 
     let fresh = Project::new();
     let output = fresh.keel(&mut fresh.command(&["run", "--plugins", &tag, "batch.json"]));
@@ -590,13 +598,7 @@ fn a_failed_pull_does_not_poison_the_cache() {
     let registry = Registry::start();
     let project = Project::new();
     let tag = format!("oci://{}/tools/echo:poison", registry.addr);
-    publish(&project, &tag);
-    let component = std::fs::read(echo()).unwrap();
-    let blob = registry.blob_file(&sha256(&component));
-    let mut bytes = std::fs::read(&blob).unwrap();
-    let middle = bytes.len() / 2;
-    bytes[middle] ^= 0xff;
-    std::fs::write(&blob, &bytes).unwrap();
+    publish_corrupted(&registry, &project, &tag);
     let output = project.keel(&mut project.command(&["run", "--plugins", &tag, "batch.json"]));
     assert!(!output.status.success(), "a corrupted blob was run");
     assert_eq!(

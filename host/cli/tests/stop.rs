@@ -201,13 +201,7 @@ fn sigint_answers_the_stdio_call_in_flight_before_the_server_exits() {
     // A call of a minute, reporting progress every millisecond: the first
     // report says it runs, and when the signal comes a report is most likely
     // on its way, which a stopped session no longer sends.
-    send(
-        &mut stdin,
-        &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-        "name": "sleep", "arguments": { "ms": 60000, "steps": 60000 },
-        "_meta": { "progressToken": "p" } } }),
-    );
-    first(&mut stdout, "a progress report", |message| message["method"] == "notifications/progress");
+    sleep_running(&mut stdin, &mut stdout, 60000, 60000);
 
     signal_child(&child, "INT");
     let reply = first(&mut stdout, "a reply to the call", |message| message["id"] == 2);
@@ -220,6 +214,19 @@ fn sigint_answers_the_stdio_call_in_flight_before_the_server_exits() {
     let status = exit_within(&mut child, Duration::from_secs(30));
     assert!(status.success(), "{status}");
     drop(stdin);
+}
+
+/// Sends request 2, a `sleep` of `ms` milliseconds reporting progress
+/// `steps` times, and returns once its first progress report has come: the
+/// call is running.
+fn sleep_running(stdin: &mut ChildStdin, stdout: &mut Lines<BufReader<ChildStdout>>, ms: u64, steps: u64) {
+    send(
+        stdin,
+        &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
+        "name": "sleep", "arguments": { "ms": ms, "steps": steps },
+        "_meta": { "progressToken": "p" } } }),
+    );
+    first(stdout, "a progress report", |message| message["method"] == "notifications/progress");
 }
 
 /// Wait until process `pid` has a handler for `SIGTERM`: its
@@ -265,13 +272,7 @@ fn the_end_of_its_input_lets_every_stdio_call_in_flight_run_to_its_end_and_answe
     // not concurrency-safe), when the client closes its input, as a client
     // that writes its requests and closes stdin does: both run to their ends
     // and are answered, though they take longer than rmcp's own drain (5 s).
-    send(
-        &mut stdin,
-        &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-        "name": "sleep", "arguments": { "ms": 6000, "steps": 60 },
-        "_meta": { "progressToken": "p" } } }),
-    );
-    first(&mut stdout, "a progress report", |message| message["method"] == "notifications/progress");
+    sleep_running(&mut stdin, &mut stdout, 6000, 60);
     send(
         &mut stdin,
         &json!({ "jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {
@@ -317,13 +318,7 @@ fn a_stop_answers_the_calls_waiting_their_turn_as_not_started_and_runs_none_of_t
     let workspace = tempfile::tempdir().unwrap();
     let (mut child, mut stdin, mut stdout) =
         stdio_session(workspace.path(), &["sleep", "write_file"], &[], Stdio::null());
-    send(
-        &mut stdin,
-        &json!({ "jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {
-        "name": "sleep", "arguments": { "ms": 60000, "steps": 60 },
-        "_meta": { "progressToken": "p" } } }),
-    );
-    first(&mut stdout, "a progress report", |message| message["method"] == "notifications/progress");
+    sleep_running(&mut stdin, &mut stdout, 60000, 60);
     // Writes waiting behind the sleep (they are not concurrency-safe). The
     // stop interrupts the sleep, which gives its turn to the first of them:
     // that one must find itself stopped too, not start.
