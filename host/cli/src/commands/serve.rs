@@ -223,6 +223,12 @@ enum Transport {
 /// the process ended, after the drain ([`stop`]).
 const STOPPED_AT_EXIT: &str = "Interrupted: keel stopped before the call finished.";
 
+/// How many calls this server has received, in every version of its pool:
+/// what names each call (`mcp-<n>`). A stream's arrival numbers start again
+/// at 0 in the pool a reload puts in place, so they cannot name calls whose
+/// persisted results share one session directory.
+static CALLS_RECEIVED: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Where this server persists results: a session directory of its own under
 /// the workspace's `.keel/session/` (the host's default session directory),
 /// named by the start time and process id. Call ids (`mcp-<n>`) count from 0
@@ -593,7 +599,7 @@ impl ServerHandler for Server {
                 (live, arrival, context.ct.clone())
             }
         };
-        let id = format!("mcp-{}", arrival.number());
+        let id = format!("mcp-{}", CALLS_RECEIVED.fetch_add(1, std::sync::atomic::Ordering::Relaxed));
         tracing::debug!(request = %context.id, tool_use_id = %id, tool = %request.name, "call received");
         let registration = self.prompter.register(&id, &request, &context);
         let input = Value::Object(request.arguments.unwrap_or_default());
