@@ -335,3 +335,56 @@ fn a_section_that_grants_no_tool_of_the_run_is_warned_of_with_the_names_it_is_cl
         "a section of a tool, a pattern of some, or the built-in Read's grants a tool"
     );
 }
+
+#[test]
+fn a_relative_grant_that_a_link_leads_out_of_the_workspace_is_refused() {
+    // What a tool with the workspace can leave for the next start: a granted
+    // directory replaced by a link that climbs out.
+    let world = World::new();
+    std::fs::create_dir(world.workspace().join("build")).unwrap();
+    std::os::unix::fs::symlink("../../outside", world.workspace().join("build/out")).unwrap();
+    let config = Config::parse(
+        "[plugins.hostile]\ndirs = [{ path = \"build/out\", mount = \"/out\", access = \"read-write\" }]\n",
+        Path::new("keel.toml"),
+    )
+    .unwrap();
+    let build = |config: Config| {
+        block_on(Host::builder().workspace(world.workspace()).config(config).cache_dir(None).build())
+    };
+    let outside = world.outside().canonicalize().unwrap();
+    assert_eq!(
+        build(config).err().unwrap().to_string(),
+        format!(
+            "invalid grant [plugins.\"hostile\"]: dirs entry \"build/out\" leads outside the workspace, to {}; \
+             a relative path grants a directory of the workspace: to grant one outside it on purpose, \
+             write its absolute path",
+            outside.display()
+        )
+    );
+    let climbs = Config::parse(
+        "[plugins.hostile]\ndirs = [{ path = \"..\", mount = \"/up\" }]\n",
+        Path::new("keel.toml"),
+    )
+    .unwrap();
+    let error = build(climbs).err().unwrap().to_string();
+    assert!(
+        error.starts_with("invalid grant [plugins.\"hostile\"]: dirs entry \"..\" leads outside"),
+        "{error}"
+    );
+
+    // A link to another directory of the workspace still grants it, and an
+    // absolute path outside is granted on purpose.
+    std::fs::create_dir(world.workspace().join("real")).unwrap();
+    std::os::unix::fs::symlink("../real", world.workspace().join("build/inside")).unwrap();
+    let host = world.host(&format!(
+        "[plugins.hostile]\ndirs = [{{ path = \"build/inside\", mount = \"/in\", access = \"read-write\" }}, \
+         {{ path = {:?}, mount = \"/abs\" }}]\n",
+        world.outside()
+    ));
+    assert_eq!(
+        run(&host, json!({ "act": "write", "path": "/in/x.txt" })),
+        ToolResult::ok("a", "wrote /in/x.txt")
+    );
+    assert!(world.workspace().join("real/x.txt").is_file());
+    assert!(!world.outside().join("x.txt").exists());
+}

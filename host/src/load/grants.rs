@@ -91,7 +91,9 @@ pub struct PluginConfig {
     expecting = "a table of `path`, `mount` and optionally `access`, such as `{ path = \"data\", mount = \"/data\" }`"
 )]
 pub struct DirConfig {
-    /// The directory on the host; a relative path is taken from the workspace.
+    /// The directory on the host. A relative path is taken from the
+    /// workspace and must lead to a directory inside it, links followed; an
+    /// absolute path is taken as it is.
     pub path: PathBuf,
     /// Where the plugin sees it: an absolute path outside `/workspace`.
     pub mount: String,
@@ -178,10 +180,14 @@ impl Grants {
             for dir in &section.dirs {
                 check_mount(&dir.mount, dirs.iter().map(|d: &DirGrant| d.mount.as_str()))
                     .map_err(|reason| invalid(pattern, reason))?;
-                let host = workspace.join(&dir.path);
-                let host = host.canonicalize().map_err(|error| {
-                    invalid(pattern, format!("cannot open directory {}: {error}", host.display()))
+                let joined = workspace.join(&dir.path);
+                let host = joined.canonicalize().map_err(|error| {
+                    invalid(pattern, format!("cannot open directory {}: {error}", joined.display()))
                 })?;
+                if dir.path.is_relative() {
+                    within_workspace(&dir.path, &host, workspace)
+                        .map_err(|reason| invalid(pattern, reason))?;
+                }
                 if !host.is_dir() {
                     return Err(invalid(pattern, format!("{} is not a directory", host.display())));
                 }
@@ -256,6 +262,25 @@ impl Grants {
             None => PluginGrant::workspace_only(&self.workspace),
         }
     }
+}
+
+/// A relative `dirs` path, resolved to `host`, must stay in the workspace:
+/// a tool may write the workspace, and a link it leaves there (`build/out ->
+/// ../../elsewhere`) must not become a grant of where it leads at the next
+/// start. An absolute path is the way to grant a directory outside.
+fn within_workspace(path: &Path, host: &Path, workspace: &Path) -> Result<(), String> {
+    let root = workspace
+        .canonicalize()
+        .map_err(|error| format!("cannot open workspace {}: {error}", workspace.display()))?;
+    if host.starts_with(&root) {
+        return Ok(());
+    }
+    Err(format!(
+        "dirs entry {:?} leads outside the workspace, to {}; a relative path grants a directory of the \
+         workspace: to grant one outside it on purpose, write its absolute path",
+        path.display().to_string(),
+        host.display()
+    ))
 }
 
 /// A section key is a tool name, or a pattern of name characters and `*`.
