@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use cap_std::ambient_authority;
-use cap_std::fs::Dir;
+use cap_std::fs::{Dir, File, Metadata, OpenOptions};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -231,11 +231,7 @@ impl Mounts {
 /// image block, any other as numbered lines. The error is the reason alone.
 fn read(dir: &Dir, relative: &Path, input: &Input) -> Result<CallOutput, String> {
     let target = if relative.as_os_str().is_empty() { Path::new(".") } else { relative };
-    let file = dir.open(target).map_err(|error| error.to_string())?;
-    let metadata = file.metadata().map_err(|error| error.to_string())?;
-    if metadata.is_dir() {
-        return Err("it is a directory".into());
-    }
+    let (file, metadata) = open(dir, target)?;
     let size = metadata.len();
     if is_image_name(relative) {
         return read_image(file, size, &input.file_path);
@@ -248,12 +244,68 @@ fn read(dir: &Dir, relative: &Path, input: &Input) -> Result<CallOutput, String>
     }
     let offset = input.offset.unwrap_or(1).max(1);
     let limit = input.limit.unwrap_or(DEFAULT_LINE_LIMIT);
-    // Never past the size the file had when opened, or the cap: a device
-    // or a file that grows as it is read still ends.
+    // Never past the size the file had when opened, or the cap: a file
+    // that grows as it is read still ends.
     let reader = BufReader::with_capacity(64 << 10, file.take(size.max(MAX_FILE_BYTES)));
     number_lines(reader, offset, limit, size <= MAX_FILE_BYTES)
         .map(CallOutput::text)
         .map_err(|error| error.to_string())
+}
+
+/// The regular file at `target` in `dir`, opened for reading, and what it
+/// is; anything else is refused, saying what it is. The file itself is
+/// asked once open, so nothing can swap it between a look and the open.
+fn open(dir: &Dir, target: &Path) -> Result<(File, Metadata), String> {
+    let mut options = OpenOptions::new();
+    options.read(true);
+    // Without waiting: the open of a named pipe waits for a writer, forever
+    // in a workspace where nobody writes to it, and that of some devices for
+    // the device. This is the flag of cap-fs-ext's `OpenOptionsSyncExt::nonblock`,
+    // set without that crate; cap-std makes it each target's `O_NONBLOCK`,
+    // which does nothing to a regular file, the only kind read.
+    options._cap_fs_ext_nonblock(true);
+    let file = dir.open_with(target, &options).map_err(|error| {
+        // A socket cannot be opened at all; say what it is, not the errno.
+        match dir.metadata(target) {
+            Ok(metadata) if !metadata.is_file() && !metadata.is_dir() => not_a_file(&metadata),
+            _ => error.to_string(),
+        }
+    })?;
+    let metadata = file.metadata().map_err(|error| error.to_string())?;
+    if metadata.is_dir() {
+        return Err("it is a directory".into());
+    }
+    if !metadata.is_file() {
+        return Err(not_a_file(&metadata));
+    }
+    Ok((file, metadata))
+}
+
+/// The refusal of what `metadata` describes, neither a regular file nor a
+/// directory.
+fn not_a_file(metadata: &Metadata) -> String {
+    #[cfg(unix)]
+    let what = {
+        use cap_std::fs::FileTypeExt as _;
+        let kind = metadata.file_type();
+        if kind.is_fifo() {
+            "a named pipe (FIFO)"
+        } else if kind.is_socket() {
+            "a socket"
+        } else if kind.is_char_device() {
+            "a character device"
+        } else if kind.is_block_device() {
+            "a block device"
+        } else {
+            "a special file"
+        }
+    };
+    #[cfg(not(unix))]
+    let what = {
+        let _ = metadata;
+        "a special file"
+    };
+    format!("it is {what}, not a regular file")
 }
 
 /// Whether `path` is named like an image a model takes.
@@ -266,7 +318,7 @@ fn is_image_name(path: &Path) -> bool {
 /// An image file of `size` bytes as a line naming it, then the image. An
 /// image over the bytes a model takes is refused before it is read; one too
 /// large in pixels goes to the result budget, which sets it aside in a file.
-fn read_image(file: cap_std::fs::File, size: u64, shown: &str) -> Result<CallOutput, String> {
+fn read_image(file: File, size: u64, shown: &str) -> Result<CallOutput, String> {
     let max = crate::budget::MAX_IMAGE_BYTES;
     if size > max {
         return Err(format!("it is an image of {size} bytes, and a model takes at most {max}"));
@@ -413,6 +465,8 @@ fn decode(line: &Line) -> std::io::Result<&str> {
 
 #[cfg(test)]
 mod tests {
+    use std::time::Duration;
+
     use super::*;
 
     fn read(dir: &Path, input: Value) -> Result<CallOutput, CallError> {
@@ -524,6 +578,41 @@ mod tests {
         assert_eq!(
             run(&tool, json!({ "file_path": "/referenced/ref.txt" })).unwrap_err(),
             CallError::Tool("/referenced/ref.txt is outside the granted directories".into())
+        );
+    }
+
+    /// What `tool` gives for `input`, on a thread of its own, waited for at
+    /// most `wait`, its blocking threads ended too (dropping the runtime
+    /// waits for them): a read that blocks fails the test, not hangs it.
+    fn run_within(wait: Duration, tool: Read, input: Value) -> Result<CallOutput, CallError> {
+        let (sender, receiver) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = sender.send(run(&tool, input));
+        });
+        receiver.recv_timeout(wait).expect("Read did not end in time")
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_named_pipe_is_refused_without_waiting_for_a_writer() {
+        let dir = tempfile::tempdir().unwrap();
+        let made = std::process::Command::new("mkfifo").arg(dir.path().join("fifo")).status().unwrap();
+        assert!(made.success());
+        let tool = Read::new(Dir::open_ambient_dir(dir.path(), ambient_authority()).unwrap());
+        assert_eq!(
+            run_within(Duration::from_secs(10), tool, json!({ "file_path": "fifo" })).unwrap_err(),
+            CallError::Tool("cannot read fifo: it is a named pipe (FIFO), not a regular file".into())
+        );
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_socket_is_refused_naming_what_it_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let _listener = std::os::unix::net::UnixListener::bind(dir.path().join("sock")).unwrap();
+        assert_eq!(
+            read(dir.path(), json!({ "file_path": "sock" })).unwrap_err(),
+            CallError::Tool("cannot read sock: it is a socket, not a regular file".into())
         );
     }
 
