@@ -750,6 +750,13 @@ impl Host {
     pub fn stream(&self, context: Value) -> CallStream {
         CallStream::new(self.pool.clone(), self.options.clone(), context)
     }
+
+    /// A stream of this host's tools in the place of `previous` (a server's
+    /// pool reloaded): its calls start once every call of `previous` has
+    /// ended, from the context those left ([`CallStream`]).
+    pub fn stream_after(&self, previous: &CallStream) -> CallStream {
+        CallStream::following(self.pool.clone(), self.options.clone(), previous)
+    }
 }
 
 /// The name and id of the call [`Host::warm_up`] runs when the host has no

@@ -399,6 +399,43 @@ fn calls_arriving_one_by_one_keep_a_batchs_order_and_context() {
 }
 
 #[test]
+fn a_stream_in_the_place_of_another_starts_its_calls_after_that_ones_and_carries_its_context_on() {
+    let workspace = tempfile::tempdir().unwrap();
+    std::fs::create_dir(workspace.path().join("sub")).unwrap();
+    std::fs::write(workspace.path().join("sub/in.txt"), "needle\n").unwrap();
+    std::fs::write(workspace.path().join("out.txt"), "needle\n").unwrap();
+    let tools = ["keel_tool_cd", "keel_tool_grep"];
+    let before = block_on(host_of(workspace.path(), &tools).build()).unwrap();
+    let replaced = before.stream(keel_host::context::initial());
+    let moved = replaced.arrive();
+    // The pool reloaded while the `cd` waits to run.
+    let after = block_on(host_of(workspace.path(), &tools).build()).unwrap();
+    let stream = after.stream_after(&replaced);
+    let searched = stream.arrive();
+    let interrupt = keel_host::Interrupt::new();
+    let grep = ToolUse::new("grep", "grep", json!({ "pattern": "needle" }));
+    let (moved, searched) = block_on(async {
+        let mut searching = Box::pin(searched.run(grep, None, &interrupt));
+        let wait = tokio::time::timeout(Duration::from_millis(100), searching.as_mut()).await;
+        assert!(wait.is_err(), "the grep waits for the cd that arrived before the reload");
+        let moving = moved.run(ToolUse::new("cd", "cd", json!({ "path": "sub" })), None, &interrupt);
+        tokio::join!(moving, searching)
+    });
+    assert!(!moved.is_error, "{moved:?}");
+    assert!(
+        searched.content.text().contains("in.txt") && !searched.content.text().contains("out.txt"),
+        "the grep ran where the cd went: {searched:?}"
+    );
+    assert_eq!(stream.context()["cwd"], "/workspace/sub");
+    // A call that arrives in the replaced stream after it handed on runs in
+    // the new one, under its context.
+    let late = replaced.arrive();
+    let back = block_on(late.run(ToolUse::new("back", "cd", json!({ "path": ".." })), None, &interrupt));
+    assert!(!back.is_error, "{back:?}");
+    assert_eq!(stream.context()["cwd"], "/workspace");
+}
+
+#[test]
 fn a_call_that_stops_waiting_in_a_stream_gives_its_place_up() {
     let workspace = tempfile::tempdir().unwrap();
     let host = block_on(host_of(workspace.path(), &["keel_tool_cd", "keel_tool_grep"]).build()).unwrap();

@@ -129,6 +129,11 @@ impl Bounded {
         Arc::unwrap_or_clone(self.value)
     }
 
+    /// Put `value` in the context's place, held to the same limit.
+    pub(crate) fn replace(&mut self, value: Value) {
+        *self = Bounded::new(value, self.limit);
+    }
+
     /// The context, taken, leaving `null` of no size in its place.
     pub(crate) fn take(&mut self) -> Value {
         self.size = 0;

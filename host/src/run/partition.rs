@@ -178,6 +178,13 @@ impl Admission {
         self.context.value()
     }
 
+    /// Carry on from `context`, as it was left by the calls of another
+    /// admission (a stream a reload replaced), before any call here starts.
+    pub(crate) fn carry_on(&mut self, context: Value) {
+        debug_assert!(self.is_idle() && self.run.is_none(), "a context carried on under a running call");
+        self.context.replace(context);
+    }
+
     /// The shared context, taken once the last run is closed.
     pub(crate) fn take_context(&mut self) -> Value {
         self.context.take()

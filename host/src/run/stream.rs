@@ -58,6 +58,23 @@ struct State {
     /// Calls not yet started, oldest first.
     waiting: VecDeque<Waiter>,
     admission: Admission,
+    /// On a stream put in another's place ([`CallStream::following`]), until
+    /// every call of that one has ended: no call here starts before then,
+    /// and the context then carries on from where that one left it.
+    after: Option<Arc<Handoff>>,
+    /// On a stream another was put in place of: told when its last call has
+    /// ended, and from then on where calls still arriving here go.
+    then: Option<Arc<Handoff>>,
+    /// Whether this stream has handed on to the one in its place.
+    handed_on: bool,
+}
+
+/// Where a stream that was replaced hands on to the stream in its place.
+struct Handoff {
+    /// The context the replaced stream left, once its last call ended.
+    left: Mutex<Option<Value>>,
+    /// The stream in its place.
+    next: Arc<Shared>,
 }
 
 struct Waiter {
@@ -90,14 +107,48 @@ impl CallStream {
     pub(crate) fn new(pool: Arc<ToolPool>, options: Arc<RunOptions>, context: Value) -> Self {
         let window = scheduler::planning_window(options.cap);
         let admission = Admission::new(options.cap, context, options.max_context);
-        let state = State { next_number: 0, waiting: VecDeque::new(), admission };
+        let state =
+            State { next_number: 0, waiting: VecDeque::new(), admission, after: None, then: None, handed_on: false };
         CallStream { shared: Arc::new(Shared { pool, options, window, state: Mutex::new(state) }) }
+    }
+
+    /// A stream of `pool` in the place of `previous` (a pool reloaded):
+    /// calls arriving here are planned at once, but none starts before every
+    /// call that arrived in `previous` has ended, so the order of arrival
+    /// holds across the two; the context then carries on from where
+    /// `previous` left it, modifiers of its last calls included. A call
+    /// that arrives in `previous` after it has handed on arrives here.
+    pub(crate) fn following(
+        pool: Arc<ToolPool>,
+        options: Arc<RunOptions>,
+        previous: &CallStream,
+    ) -> CallStream {
+        let stream = CallStream::new(pool, options, previous.context());
+        let handoff = Arc::new(Handoff { left: Mutex::new(None), next: stream.shared.clone() });
+        stream.shared.lock().after = Some(handoff.clone());
+        let mut state = previous.shared.lock();
+        if state.handed_on {
+            // Replaced before: its successor is the one to follow. Not
+            // reached through the server, which replaces the current one.
+            drop(state);
+            return stream;
+        }
+        state.then = Some(handoff);
+        previous.shared.pump(&mut state);
+        drop(state);
+        stream
     }
 
     /// A place in the arrival order for a call arriving now. Dropping every
     /// clone of it before the call starts withdraws the call.
     pub fn arrive(&self) -> Arrival {
         let mut state = self.shared.lock();
+        if state.handed_on
+            && let Some(next) = state.then.as_ref().map(|handoff| handoff.next.clone())
+        {
+            drop(state);
+            return CallStream { shared: next }.arrive();
+        }
         let number = state.next_number;
         state.next_number += 1;
         let step = if state.waiting.len() < self.shared.window { Step::Planning } else { Step::Queued(None) };
@@ -124,8 +175,15 @@ impl Shared {
     /// under is sent back to plan again, and the calls behind it wait), then
     /// allow the queued calls now within the window to plan.
     fn pump(self: &Arc<Self>, state: &mut State) {
+        if let Some(handoff) = state.after.take() {
+            let left = handoff.left.lock().unwrap_or_else(PoisonError::into_inner).take();
+            match left {
+                Some(context) => state.admission.carry_on(context),
+                None => state.after = Some(handoff),
+            }
+        }
         while let Some(Waiter { step: Step::Planned { safe, context: planned, .. }, .. }) =
-            state.waiting.front()
+            state.waiting.front().filter(|_| state.after.is_none())
         {
             let safe = *safe;
             let Some(context) = state.admission.ready(safe) else { break };
@@ -157,6 +215,21 @@ impl Shared {
                 }
                 waiter.step = Step::Planning;
             }
+        }
+        if !state.handed_on
+            && state.after.is_none()
+            && state.waiting.is_empty()
+            && state.admission.is_idle()
+            && let Some(handoff) = &state.then
+        {
+            // Every call that arrived here has ended: the stream in this
+            // one's place starts from the context they left.
+            state.handed_on = true;
+            *handoff.left.lock().unwrap_or_else(PoisonError::into_inner) =
+                Some(Value::clone(state.admission.context()));
+            let next = handoff.next.clone();
+            let mut next_state = next.lock();
+            next.pump(&mut next_state);
         }
     }
 }
