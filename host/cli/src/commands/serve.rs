@@ -261,9 +261,12 @@ pub struct Live {
 }
 
 impl Live {
+    /// The first version, or one in the place of `previous`, whose calls
+    /// start once every call of `previous` has ended, from the context they
+    /// left.
     fn new(
         host: Host,
-        context: serde_json::Value,
+        previous: Option<&CallStream>,
         metrics: Option<Arc<metrics::Metrics>>,
         warm_on: &tokio::runtime::Handle,
     ) -> Self {
@@ -272,7 +275,10 @@ impl Live {
         // finds its pool slot cold.
         let warm_up = warm_on.spawn(host.warm_up()).abort_handle();
         let tools = mcp_tools(&host).into();
-        let stream = host.stream(context);
+        let stream = match previous {
+            Some(previous) => host.stream_after(previous),
+            None => host.stream(keel_host::context::initial()),
+        };
         Live { stream, tools, _host: host, metrics, warm_up }
     }
 
@@ -353,7 +359,7 @@ impl Server {
         warm_on: tokio::runtime::Handle,
     ) -> Self {
         Server {
-            live: Shelf::new(Live::new(host, keel_host::context::initial(), metrics.clone(), &warm_on)),
+            live: Shelf::new(Live::new(host, None, metrics.clone(), &warm_on)),
             peers: Arc::default(),
             events: events.map(Arc::new),
             metrics,
@@ -366,11 +372,12 @@ impl Server {
         }
     }
 
-    /// Serve `host` from now on, carrying the context on, and tell every
-    /// client the tool list changed.
+    /// Serve `host` from now on, carrying the order of calls and the
+    /// context on, and tell every client the tool list changed.
     async fn reloaded(&self, host: Host) {
-        let context = self.live.current().stream.context();
-        self.live.replace(Live::new(host, context, self.metrics.clone(), &self.warm_on));
+        let previous = self.live.current();
+        self.live.replace(Live::new(host, Some(&previous.stream), self.metrics.clone(), &self.warm_on));
+        drop(previous);
         if let Some(metrics) = &self.metrics {
             metrics.reloaded();
         }
@@ -856,7 +863,7 @@ mod tests {
             let host = Host::builder().workspace(workspace.path()).cache_dir(None).tool(tool).build();
             async {
                 let host = host.await.unwrap();
-                Live::new(host, keel_host::context::initial(), None, &tokio::runtime::Handle::current())
+                Live::new(host, None, None, &tokio::runtime::Handle::current())
             }
         };
         let (first, second) = (flags(), flags());
