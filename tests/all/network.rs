@@ -19,14 +19,31 @@ use crate::{block_on, events_of, guest, shared_cache};
 const TOKEN: &str = "tok-7f3a9c1e5b";
 
 fn host(workspace: &Path, config: &str) -> Host {
+    host_with_token(workspace, config, TOKEN)
+}
+
+/// [`host`], with `token` as the value of `NET_TOKEN`.
+fn host_with_token(workspace: &Path, config: &str, token: &'static str) -> Host {
     let config = Config::parse(config, Path::new("keel.toml")).unwrap();
     let builder = Host::builder()
         .workspace(workspace)
         .plugins(guest("keel_guest_net"))
         .config(config)
-        .environment(Arc::new(|name| (name == "NET_TOKEN").then(|| TOKEN.to_string())))
+        .environment(Arc::new(move |name| (name == "NET_TOKEN").then(|| token.to_string())))
         .cache_dir(Some(shared_cache()));
     block_on(builder.build()).unwrap()
+}
+
+/// Config granting `origin` to `net` with the secret `Authorization:
+/// Bearer ${NET_TOKEN}` for it, the test CA trusted.
+fn grant_with_secret(origin: &str, more: &str) -> String {
+    test_ca_trusted()
+        + &grant(
+            &[origin.to_string()],
+            &format!(
+                "[plugins.net.secrets]\n{origin:?} = {{ header = \"Authorization\", value = \"Bearer ${{NET_TOKEN}}\" }}\n{more}"
+            ),
+        )
 }
 
 /// Config that trusts the CA of the test servers' certificates,
@@ -338,6 +355,30 @@ fn a_secret_echoed_in_a_trailer_is_masked_and_trailers_arrive_after_a_body() {
         assert!(trailer(&entries[0])[1].as_str().unwrap().starts_with("*******"), "{}", entries[0]);
         assert_eq!(entries[1]["body"], "some text");
         assert_eq!(trailer(&entries[1]), json!(["x-echo", "abc"]), "kept after a body: {}", entries[1]);
+    }
+}
+
+#[test]
+fn a_secret_echoed_in_a_response_header_name_is_masked_whatever_its_case() {
+    // HTTP hands header names over lowercase: a token with capitals comes
+    // back in another case than it was sent in.
+    const MIXED: &str = "Tok-7F3A9c1E5b";
+    let workspace = tempfile::tempdir().unwrap();
+    for server in [TestServer::start(), TestServer::start_tls()] {
+        let origin = server.url("").trim_end_matches('/').to_string();
+        let host = host_with_token(workspace.path(), &grant_with_secret(&origin, ""), MIXED);
+        let (entries, _, _) =
+            call(&host, json!({ "requests": [get(&server.url("/echo-header-name?name=authorization"))] }));
+        assert_eq!(status(&entries[0]), Some(200), "{}", entries[0]);
+        let names: Vec<&str> = entries[0]["headers"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|pair| pair[1] == "x")
+            .map(|pair| pair[0].as_str().unwrap())
+            .collect();
+        assert_eq!(names, ["bearer", "**************"], "the token's name is masked: {}", entries[0]);
+        assert!(!entries[0].to_string().to_lowercase().contains(&MIXED.to_lowercase()), "{}", entries[0]);
     }
 }
 

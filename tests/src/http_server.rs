@@ -30,6 +30,10 @@
 //! - `/echo-header?name=X`: 200 with the value of request header `X` as the
 //!   body and as the response header `x-echo` (several values joined by
 //!   `, `); an empty body and no `x-echo` when the request has no `X`.
+//! - `/echo-header-name?name=X`: 200, empty, with a header named after each
+//!   space-separated word of the value of request header `X` that is a
+//!   header name, with the value `x` (as any server that reflects what it
+//!   was sent in a header's name; the name goes out lowercase).
 //! - `/trailer?name=X&body=TEXT`: 200, chunked, the body `TEXT` (empty when
 //!   not given) and then the trailer `x-echo` with the value of request
 //!   header `X` (several joined by `, `; none when the request has no `X`).
@@ -395,6 +399,19 @@ async fn respond(
                     let echoed =
                         HeaderValue::from_bytes(&value).expect("joined header values are a header value");
                     response.headers_mut().insert("x-echo", echoed);
+                }
+                response
+            }
+        },
+        "/echo-header-name" => match query_value(query, "name") {
+            None => bad_request("give the header to echo as ?name=X"),
+            Some(name) => {
+                let mut response = text(StatusCode::OK, "text/plain", "");
+                for value in parts.headers.get_all(name.as_str()) {
+                    let words = value.as_bytes().split(|&byte| byte == b' ');
+                    for word in words.filter_map(|word| hyper::header::HeaderName::from_bytes(word).ok()) {
+                        response.headers_mut().append(word, HeaderValue::from_static("x"));
+                    }
                 }
                 response
             }

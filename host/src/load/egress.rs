@@ -28,7 +28,7 @@ use std::task::{Context, Poll, ready};
 use std::time::{Duration, Instant};
 
 use bytes::{Bytes, BytesMut};
-use http::{HeaderValue, Method, Request, Response, header};
+use http::{HeaderName, HeaderValue, Method, Request, Response, header};
 use http_body::{Body, Frame, SizeHint};
 use http_body_util::BodyExt;
 use hyper_util::rt::{TokioExecutor, TokioIo};
@@ -1009,12 +1009,17 @@ impl Scrubber {
 
     /// `bytes` with every secret masked, or `None` when none is in it.
     pub(crate) fn masked(&self, bytes: &[u8]) -> Option<Vec<u8>> {
+        self.masked_as(bytes, Case::Kept)
+    }
+
+    /// [`Scrubber::masked`], a secret matched as it is, or in any case.
+    fn masked_as(&self, bytes: &[u8], case: Case) -> Option<Vec<u8>> {
         let mut out: Option<Vec<u8>> = None;
         for piece in self.hidden.iter() {
             let current = out.as_deref().unwrap_or(bytes);
             let mut at = 0;
             let mut found = Vec::new();
-            while let Some(offset) = find(&current[at..], piece) {
+            while let Some(offset) = find(&current[at..], piece, case) {
                 found.push(at + offset);
                 at += offset + piece.len();
             }
@@ -1029,10 +1034,29 @@ impl Scrubber {
         out
     }
 
-    /// Every secret in the values of `headers` masked, in place.
+    /// Every secret in the names and values of `headers` masked, in place.
+    /// A name arrives lowercase whatever case the server wrote it in, so a
+    /// secret is found in it in any case; `*` is a character a name may
+    /// hold, and a header renamed so keeps its place and values.
     fn mask_headers(&self, headers: &mut http::HeaderMap) {
         if !self.is_active() {
             return;
+        }
+        let named = |name: &HeaderName| self.masked_as(name.as_str().as_bytes(), Case::Any);
+        if headers.keys().any(|name| named(name).is_some()) {
+            let mut name = None;
+            for (next, value) in std::mem::take(headers) {
+                // `None` is another value of the header before.
+                if let Some(next) = next {
+                    name = Some(match named(&next) {
+                        Some(masked) => {
+                            HeaderName::from_bytes(&masked).expect("masking keeps a header name valid")
+                        }
+                        None => next,
+                    });
+                }
+                headers.append(name.clone().expect("a header map begins with a name"), value);
+            }
         }
         for value in headers.values_mut() {
             if let Some(masked) = self.masked(value.as_bytes()) {
@@ -1057,11 +1081,24 @@ impl Scrubber {
     }
 }
 
-fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+/// How a secret is matched.
+#[derive(Clone, Copy)]
+enum Case {
+    /// Byte for byte.
+    Kept,
+    /// In any ASCII case.
+    Any,
+}
+
+fn find(haystack: &[u8], needle: &[u8], case: Case) -> Option<usize> {
     if needle.is_empty() || haystack.len() < needle.len() {
         return None;
     }
-    haystack.windows(needle.len()).position(|window| window == needle)
+    let mut windows = haystack.windows(needle.len());
+    match case {
+        Case::Kept => windows.position(|window| window == needle),
+        Case::Any => windows.position(|window| window.eq_ignore_ascii_case(needle)),
+    }
 }
 
 /// Masks secrets in a body that arrives in chunks: the last `keep` bytes
@@ -1143,6 +1180,28 @@ mod tests {
         let mut text = "key=s3cr3t-value;".to_string();
         scrubber.scrub(&mut text);
         assert_eq!(text, "key=************;");
+    }
+
+    #[test]
+    fn a_secret_in_a_header_name_is_masked_in_any_case() {
+        let scrubber = scrubber(&["Tok-7F3A9c1E5b"]);
+        let mut headers = http::HeaderMap::new();
+        headers.append("x-a", HeaderValue::from_static("1"));
+        headers.append("tok-7f3a9c1e5b", HeaderValue::from_static("2"));
+        headers.append("tok-7f3a9c1e5b", HeaderValue::from_static("3"));
+        headers.append("x-tok-7f3a9c1e5b-y", HeaderValue::from_static("Tok-7F3A9c1E5b"));
+        scrubber.mask_headers(&mut headers);
+        let seen: Vec<(&str, &str)> =
+            headers.iter().map(|(name, value)| (name.as_str(), value.to_str().unwrap())).collect();
+        assert_eq!(
+            seen,
+            [
+                ("x-a", "1"),
+                ("**************", "2"),
+                ("**************", "3"),
+                ("x-**************-y", "**************")
+            ]
+        );
     }
 
     #[test]
