@@ -992,6 +992,50 @@ async fn plugins_added_changed_removed_or_broken_reload_while_a_call_is_in_fligh
     assert!(is_error && text.starts_with("No such tool: wc"), "{text}");
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_persisted_after_a_reload_does_not_replace_one_persisted_before() {
+    let workspace = tempfile::tempdir().unwrap();
+    let plugins = tempfile::tempdir().unwrap();
+    std::fs::copy(bundled("echo"), plugins.path().join("echo.wasm")).unwrap();
+    let mut args = vec![OsString::from("serve"), "--plugins".into(), plugins.path().into()];
+    args.push("--workspace".into());
+    args.push(workspace.path().into());
+    let command = tokio::process::Command::from(keel_command(workspace.path(), &args));
+    let (transport, _) =
+        TokioChildProcess::builder(command).stderr(stderr_file(workspace.path())).spawn().unwrap();
+    let watcher = ListWatcher::default();
+    let client = watcher.clone().serve(transport).await.unwrap();
+    // Over the per-result budget, so each is persisted; returns the file.
+    let persisted = |fill: char| {
+        let client = &client;
+        async move {
+            let Value::Object(arguments) = json!({ "text": fill.to_string().repeat(60_000) }) else {
+                unreachable!()
+            };
+            let result =
+                client.call_tool(CallToolRequestParams::new("echo").with_arguments(arguments)).await.unwrap();
+            let (shown, is_error) = text(&result);
+            assert!(!is_error, "{shown}");
+            let path = &shown[shown.find(".keel/").unwrap_or_else(|| panic!("{shown}"))..];
+            path[..path.find('\n').unwrap()].to_owned()
+        }
+    };
+    let before = persisted('x').await;
+    put(&plugins.path().join("wc.wasm"), &std::fs::read(bundled("wc")).unwrap());
+    for _ in 0..200 {
+        if watcher.0.load(std::sync::atomic::Ordering::SeqCst) >= 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(watcher.0.load(std::sync::atomic::Ordering::SeqCst), 1, "no reload within 10 s");
+    let after = persisted('y').await;
+    assert_ne!(before, after, "two calls named one file");
+    assert_eq!(std::fs::read_to_string(workspace.path().join(&before)).unwrap(), "x".repeat(60_000));
+    assert_eq!(std::fs::read_to_string(workspace.path().join(&after)).unwrap(), "y".repeat(60_000));
+    client.cancel().await.unwrap();
+}
+
 /// Long enough for the server to look at its plugins twice over.
 fn reload_settle() -> Duration {
     Duration::from_millis(2000)
