@@ -509,7 +509,11 @@ impl ServerHandler for Server {
     }
 
     async fn on_initialized(&self, context: rmcp::service::NotificationContext<RoleServer>) {
-        self.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner()).push(context.peer);
+        let mut peers = self.peers.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+        // Sessions ended since are forgotten here too, not only at a reload:
+        // a server never reloaded kept every HTTP session's peer.
+        peers.retain(|peer| !peer.is_transport_closed());
+        peers.push(context.peer);
     }
 
     async fn on_custom_request(
