@@ -189,16 +189,17 @@ impl Invocation for ReadCall {
             .map_err(|error| CallError::Tool(format!("invalid input: {error}")))?;
         let cwd = crate::contract::cwd(&cx.context);
         let Some((mount, relative)) = self.mounts.locate(cwd, &input.file_path) else {
-            let outside =
-                if self.mounts.dirs.len() > 1 { "the granted directories" } else { "the workspace" };
-            return Err(CallError::Tool(format!("{} is outside {outside}", input.file_path)));
+            return Err(CallError::Tool(self.mounts.outside(cwd, &input.file_path)));
         };
         let mounts = self.mounts.clone();
         let shown = input.file_path.clone();
-        tokio::task::spawn_blocking(move || read(&mounts.dirs[mount].1, &relative, &input))
-            .await
-            .map_err(|error| CallError::Host(error.to_string()))?
-            .map_err(|reason| CallError::Tool(format!("cannot read {shown}: {reason}")))
+        tokio::task::spawn_blocking(move || {
+            let (name, dir) = &mounts.dirs[mount];
+            read(dir, name, &relative, &input)
+        })
+        .await
+        .map_err(|error| CallError::Host(error.to_string()))?
+        .map_err(|reason| CallError::Tool(format!("cannot read {shown}: {reason}")))
     }
 }
 
@@ -225,13 +226,30 @@ impl Mounts {
             Some((index, rest.iter().collect()))
         })
     }
+
+    /// Why `path`, seen from `cwd`, is in none of the directories: a
+    /// relative path taken from a working directory outside all of them (a
+    /// tool may set any) names that directory, the cause.
+    fn outside(&self, cwd: &str, path: &str) -> String {
+        let outside = if self.dirs.len() > 1 { "the granted directories" } else { "the workspace" };
+        if Path::new(path).is_absolute() || self.locate(cwd, "").is_some() {
+            return format!("{path} is outside {outside}");
+        }
+        let mounts: Vec<String> = self.dirs.iter().map(|(mount, _)| mount.display().to_string()).collect();
+        let under = match mounts.as_slice() {
+            [one] => format!("is not under {one}"),
+            all => format!("is under none of {}", all.join(", ")),
+        };
+        format!("{path} is outside {outside}: the working directory {cwd} {under}")
+    }
 }
 
-/// Read the file at `relative` in `dir` as `input` asks: an image file as an
-/// image block, any other as numbered lines. The error is the reason alone.
-fn read(dir: &Dir, relative: &Path, input: &Input) -> Result<CallOutput, String> {
+/// Read the file at `relative` in `dir`, the directory mounted at `mount`,
+/// as `input` asks: an image file as an image block, any other as numbered
+/// lines. The error is the reason alone.
+fn read(dir: &Dir, mount: &Path, relative: &Path, input: &Input) -> Result<CallOutput, String> {
     let target = if relative.as_os_str().is_empty() { Path::new(".") } else { relative };
-    let (file, metadata) = open(dir, target)?;
+    let (file, metadata) = open(dir, mount, target)?;
     let size = metadata.len();
     if is_image_name(relative) {
         return read_image(file, size, &input.file_path);
@@ -252,10 +270,11 @@ fn read(dir: &Dir, relative: &Path, input: &Input) -> Result<CallOutput, String>
         .map_err(|error| error.to_string())
 }
 
-/// The regular file at `target` in `dir`, opened for reading, and what it
-/// is; anything else is refused, saying what it is. The file itself is
-/// asked once open, so nothing can swap it between a look and the open.
-fn open(dir: &Dir, target: &Path) -> Result<(File, Metadata), String> {
+/// The regular file at `target` in `dir`, the directory mounted at `mount`,
+/// opened for reading, and what it is; anything else is refused, saying
+/// what it is. The file itself is asked once open, so nothing can swap it
+/// between a look and the open.
+fn open(dir: &Dir, mount: &Path, target: &Path) -> Result<(File, Metadata), String> {
     let mut options = OpenOptions::new();
     options.read(true);
     // Without waiting: the open of a named pipe waits for a writer, forever
@@ -265,6 +284,16 @@ fn open(dir: &Dir, target: &Path) -> Result<(File, Metadata), String> {
     // which does nothing to a regular file, the only kind read.
     options._cap_fs_ext_nonblock(true);
     let file = dir.open_with(target, &options).map_err(|error| {
+        // `target` holds no `..` (it was resolved lexically within its
+        // mount), so only a symbolic link can have led outside.
+        if escaped(&error) {
+            let outside = if mount == Path::new(WORKSPACE_MOUNT) {
+                "the workspace".to_owned()
+            } else {
+                mount.display().to_string()
+            };
+            return format!("it leads outside {outside}, through a symbolic link");
+        }
         // A socket cannot be opened at all; say what it is, not the errno.
         match dir.metadata(target) {
             Ok(metadata) if !metadata.is_file() && !metadata.is_dir() => not_a_file(&metadata),
@@ -279,6 +308,14 @@ fn open(dir: &Dir, target: &Path) -> Result<(File, Metadata), String> {
         return Err(not_a_file(&metadata));
     }
     Ok((file, metadata))
+}
+
+/// Whether cap-std refused an open because its path led out of the
+/// directory. It says so with an error of its own, kind `PermissionDenied`
+/// and no OS error number, which is what sets it apart from a file the
+/// user may not read.
+fn escaped(error: &std::io::Error) -> bool {
+    error.kind() == std::io::ErrorKind::PermissionDenied && error.raw_os_error().is_none()
 }
 
 /// The refusal of what `metadata` describes, neither a regular file nor a
@@ -525,9 +562,12 @@ mod tests {
         std::fs::write(outside.path().join("secret"), "s3cret").unwrap();
         let dir = tempfile::tempdir().unwrap();
         std::os::unix::fs::symlink(outside.path().join("secret"), dir.path().join("link")).unwrap();
-        let error = read(dir.path(), json!({ "file_path": "link" })).unwrap_err();
-        let CallError::Tool(message) = error else { panic!("{error:?}") };
-        assert!(message.starts_with("cannot read link: "), "{message}");
+        assert_eq!(
+            read(dir.path(), json!({ "file_path": "link" })).unwrap_err(),
+            CallError::Tool(
+                "cannot read link: it leads outside the workspace, through a symbolic link".into()
+            )
+        );
     }
 
     #[test]
@@ -570,14 +610,43 @@ mod tests {
             "     1\tfrom the reference\n",
             "relative to the working directory /workspace"
         );
-        let CallError::Tool(message) = run(&tool, json!({ "file_path": "/reference/link" })).unwrap_err()
-        else {
-            panic!("expected a tool error")
-        };
-        assert!(message.starts_with("cannot read /reference/link: "), "{message}");
+        assert_eq!(
+            run(&tool, json!({ "file_path": "/reference/link" })).unwrap_err(),
+            CallError::Tool(
+                "cannot read /reference/link: it leads outside /reference, through a symbolic link".into()
+            )
+        );
         assert_eq!(
             run(&tool, json!({ "file_path": "/referenced/ref.txt" })).unwrap_err(),
             CallError::Tool("/referenced/ref.txt is outside the granted directories".into())
+        );
+    }
+
+    #[test]
+    fn a_path_outside_is_blamed_on_a_working_directory_outside() {
+        let dir = tempfile::tempdir().unwrap();
+        std::fs::write(dir.path().join("a.txt"), "one\n").unwrap();
+        let tool = Read::new(Dir::open_ambient_dir(dir.path(), ambient_authority()).unwrap());
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let read_from = |cwd: &str, path: &str| {
+            runtime.block_on(async {
+                let context = Arc::new(json!({ "cwd": cwd }));
+                let call = tool.invoke(json!({ "file_path": path }), context.clone()).await.unwrap();
+                call.call(CallContext::shared(context)).await
+            })
+        };
+        assert_eq!(
+            read_from("relative/dir", "a.txt").unwrap_err(),
+            CallError::Tool(
+                "a.txt is outside the workspace: the working directory relative/dir is not under /workspace"
+                    .into()
+            )
+        );
+        assert_eq!(read_from("relative/dir", "/workspace/a.txt").unwrap().to_text(), "     1\tone\n");
+        assert_eq!(
+            read_from("/workspace/sub", "../../a.txt").unwrap_err(),
+            CallError::Tool("../../a.txt is outside the workspace".into()),
+            "a working directory inside is not blamed"
         );
     }
 
