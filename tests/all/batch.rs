@@ -133,3 +133,31 @@ fn an_input_built_in_code_is_held_to_the_input_cap_as_a_parsed_one_is() {
         ]
     );
 }
+
+#[test]
+fn grep_says_which_file_it_could_not_read_rather_than_finding_no_match_in_it() {
+    let workspace = tempfile::tempdir().unwrap();
+    // Larger than the sandbox's memory: the grep cannot read it whole.
+    let mut big = b"needle in big\n".to_vec();
+    big.resize(40 << 20, b'x');
+    std::fs::write(workspace.path().join("big.log"), big).unwrap();
+    std::fs::write(workspace.path().join("small.txt"), "needle small\n").unwrap();
+    let limits = keel_host::Limits { memory: 32 << 20, ..keel_host::Limits::default() };
+    let host =
+        block_on(crate::host_of(workspace.path(), &["keel_tool_grep"]).limits(limits).build()).unwrap();
+    let batch = [
+        ToolUse::new("all", "grep", json!({ "pattern": "needle" })),
+        ToolUse::new("named", "grep", json!({ "pattern": "needle", "path": "big.log" })),
+    ];
+    let results = block_on(host.run_batch(&batch)).results;
+    let all = results[0].content.text();
+    assert!(
+        all.starts_with("small.txt:1:needle small\n(1 file that could not be read skipped: big.log: "),
+        "{all}"
+    );
+    let named = results[1].content.text();
+    assert!(
+        named.starts_with("No matches in 0 files (1 file that could not be read skipped: big.log: "),
+        "{named}"
+    );
+}

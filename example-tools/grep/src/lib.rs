@@ -12,7 +12,9 @@
 //! `output_mode` of matching lines, the files with a match, or a count per
 //! file; `max_matches`; and a file `type` beside the `glob`. A binary file
 //! (a NUL byte in its first 8 KiB, or bytes that are not UTF-8) is skipped,
-//! and the result says how many were.
+//! and the result says how many were; so is a file that cannot be read (one
+//! larger than the sandbox's memory, say), and the result names the first
+//! and why.
 
 use std::fmt::Write as _;
 use std::fs;
@@ -179,7 +181,7 @@ impl Tool for Grep {
             };
             let _ = writeln!(out, "(stopped after {max} {unit}; raise `max_matches` to see more)");
         }
-        if report.binary > 0 {
+        if report.binary > 0 || report.unreadable > 0 {
             let _ = writeln!(out, "{}", report.skipped_note(""));
         }
         Ok(Output::text(out))
@@ -209,24 +211,38 @@ pub struct Search {
 }
 
 /// What a search went through.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Report {
     /// Text files searched.
     pub files: usize,
     /// Binary files skipped.
     pub binary: usize,
+    /// Files that could not be read, skipped.
+    pub unreadable: usize,
+    /// The first of them, and why: `path: reason`.
+    pub first_unreadable: Option<String>,
     /// Whether `max_matches` stopped the search with more to find.
     pub more: bool,
 }
 
 impl Report {
-    /// `(N binary files skipped)` after `space`, or nothing when none was.
+    /// `(N binary files skipped)` and `(N files that could not be read
+    /// skipped, the first FILE: REASON)` after `space`, or nothing when no
+    /// file was skipped.
     fn skipped_note(&self, space: &str) -> String {
-        match self.binary {
+        let binary = match self.binary {
             0 => String::new(),
             1 => format!("{space}(1 binary file skipped)"),
             n => format!("{space}({n} binary files skipped)"),
-        }
+        };
+        let space = if binary.is_empty() { space } else { " " };
+        let first = self.first_unreadable.as_deref().unwrap_or_default();
+        let unreadable = match self.unreadable {
+            0 => String::new(),
+            1 => format!("{space}(1 file that could not be read skipped: {first})"),
+            n => format!("{space}({n} files that could not be read skipped, the first {first})"),
+        };
+        binary + &unreadable
     }
 }
 
@@ -298,8 +314,19 @@ impl Search {
 
     /// Search one file; false when `max_matches` says to stop.
     fn file(&self, root: &Path, path: &Path, out: &mut String, progress: &mut Progress) -> bool {
-        // Unreadable files are skipped, as grep tools do by default.
-        let Ok(bytes) = fs::read(path) else { return true };
+        // Unreadable files are skipped, as grep tools do by default, and
+        // counted, so that no search says "No matches" of a file it never read.
+        let bytes = match fs::read(path) {
+            Ok(bytes) => bytes,
+            Err(error) => {
+                let report = &mut progress.report;
+                report.unreadable += 1;
+                if report.first_unreadable.is_none() {
+                    report.first_unreadable = Some(format!("{}: {error}", shown(root, path)));
+                }
+                return true;
+            }
+        };
         let binary = bytes[..bytes.len().min(BINARY_PROBE_BYTES)].contains(&0);
         let text = match String::from_utf8(bytes) {
             Ok(text) if !binary => text,
