@@ -107,8 +107,14 @@ impl CallStream {
     pub(crate) fn new(pool: Arc<ToolPool>, options: Arc<RunOptions>, context: Value) -> Self {
         let window = scheduler::planning_window(options.cap);
         let admission = Admission::new(options.cap, context, options.max_context);
-        let state =
-            State { next_number: 0, waiting: VecDeque::new(), admission, after: None, then: None, handed_on: false };
+        let state = State {
+            next_number: 0,
+            waiting: VecDeque::new(),
+            admission,
+            after: None,
+            then: None,
+            handed_on: false,
+        };
         CallStream { shared: Arc::new(Shared { pool, options, window, state: Mutex::new(state) }) }
     }
 
