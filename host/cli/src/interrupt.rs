@@ -7,6 +7,7 @@
 //! (`commands/serve/stop.rs`).
 
 use std::future::Future;
+use std::io::Write as _;
 
 use anyhow::Result;
 
@@ -123,9 +124,121 @@ impl Signals {
 /// its blocking threads may still be compiling a plugin nobody waits for:
 /// the runtime is not waited for, where dropping it would wait for them all.
 pub fn end<T>(runtime: tokio::runtime::Runtime, outcome: Result<T>) -> Result<T> {
-    match &outcome {
-        Err(error) if stopped(error).is_some() => runtime.shutdown_background(),
-        _ => drop(runtime),
+    end_with(runtime, outcome, |_| false)
+}
+
+/// [`end`], where `signalled` finds in what the work came to whether a
+/// signal came while it ran (`keel run`'s interrupted batch). Its calls'
+/// blocking work may still run then, out of reach of their interrupt (a
+/// read of a pipe nobody writes), and the process would never exit.
+pub fn end_with<T>(
+    runtime: tokio::runtime::Runtime,
+    outcome: Result<T>,
+    signalled: impl FnOnce(&T) -> bool,
+) -> Result<T> {
+    let signalled = match &outcome {
+        Err(error) => stopped(error).is_some(),
+        Ok(done) => signalled(done),
+    };
+    if signalled {
+        runtime.shutdown_background()
+    } else {
+        drop(runtime)
     }
     outcome
+}
+
+/// Files being written under a temporary name ([`Staging`]): a signal that
+/// ends the process at once ([`exit_on_signal`]) removes them, so that no
+/// half-written file is left beside a report.
+static STAGING: std::sync::Mutex<Vec<std::path::PathBuf>> = std::sync::Mutex::new(Vec::new());
+
+/// A temporary file being written, removed should a signal end the process
+/// before it is renamed or dropped.
+pub struct Staging(std::path::PathBuf);
+
+impl Staging {
+    /// Remember `path` until this is dropped.
+    pub fn of(path: &std::path::Path) -> Self {
+        STAGING.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(path.to_path_buf());
+        Staging(path.to_path_buf())
+    }
+}
+
+impl Drop for Staging {
+    fn drop(&mut self) {
+        let mut staging = STAGING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(at) = staging.iter().position(|path| *path == self.0) {
+            staging.swap_remove(at);
+        }
+    }
+}
+
+/// From now on, `SIGINT` or `SIGTERM` ends the process at once: once the
+/// work a signal interrupts is over (a batch, a server's drain), what is
+/// left (writing the reports, sending the last spans) is not worth a wait
+/// the user asked to end. The signal's handler stays installed for the
+/// life of the process, so without this a signal would be caught and
+/// nobody told. On a signal, `said` gives the line stderr gets and the
+/// exit status; the files being written ([`Staging`]) are removed first.
+/// Listens from when it is called, on a thread of its own.
+pub fn exit_on_signal(said: impl FnOnce(Signal) -> (String, u8) + Send + 'static) -> Result<()> {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+    let mut signals = {
+        let _entered = runtime.enter();
+        Signals::listen()?
+    };
+    std::thread::Builder::new().name("keel-signals".into()).spawn(move || {
+        let signal = runtime.block_on(signals.received());
+        let (line, status) = said(signal);
+        // Held until the process ends: no new file is staged meanwhile.
+        let staging = STAGING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        for path in staging.iter() {
+            let _ = std::fs::remove_file(path);
+        }
+        let _ = writeln!(std::io::stderr().lock(), "{line}");
+        std::process::exit(i32::from(status));
+    })?;
+    Ok(())
+}
+
+/// Run `work`, and say `what` it waits for on stderr if it takes longer
+/// than a person waits without wondering why.
+pub fn said_if_slow<T>(what: impl std::fmt::Display, work: impl FnOnce() -> T) -> T {
+    const PATIENCE: std::time::Duration = std::time::Duration::from_millis(250);
+    let (done, finished) = std::sync::mpsc::channel::<()>();
+    let line = format!("keel: {what}");
+    let teller = std::thread::Builder::new().name("keel-waiting".into()).spawn(move || {
+        if let Err(std::sync::mpsc::RecvTimeoutError::Timeout) = finished.recv_timeout(PATIENCE) {
+            let _ = writeln!(std::io::stderr().lock(), "{line}");
+        }
+    });
+    let result = work();
+    drop(done);
+    if let Ok(teller) = teller {
+        let _ = teller.join();
+    }
+    result
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn after_a_signal_the_blocking_work_still_running_is_not_waited_for() {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).build().unwrap();
+        // Blocking work an interrupt does not reach, as a read of a pipe
+        // nobody writes; it ends with the test.
+        let (_writer, blocked) = std::sync::mpsc::channel::<()>();
+        runtime.spawn_blocking(move || blocked.recv());
+        let (done, ended) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let outcome = end_with(runtime, Ok(true), |signalled| *signalled);
+            let _ = done.send(outcome.is_ok());
+        });
+        assert_eq!(ended.recv_timeout(Duration::from_secs(10)), Ok(true), "the runtime was waited for");
+    }
 }

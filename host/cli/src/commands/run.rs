@@ -136,8 +136,14 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Ok(inputs)
     };
     let reports = [("--trace", "trace", &args.trace), ("--timeline", "timeline", &args.timeline)];
-    trace::check_reports(&reports, inputs)?;
+    let [trace_target, timeline_target]: [Option<trace::Target>; 2] = trace::check_reports(&reports, inputs)?
+        .try_into()
+        .unwrap_or_else(|_| unreachable!("a target or none per report"));
     let mut recording = Recording::of_batch(uses.iter().map(|call| (call.id.as_str(), call.name.as_str())));
+    // What the tools reported is drawn only by the reports.
+    if trace_target.is_none() && timeline_target.is_none() {
+        recording = recording.without_reports();
+    }
     let runtime = keel_cli::call_runtime().build()?;
     let outcome = runtime.block_on(async {
         // A stop signal while the plugins load stops the run before any
@@ -188,7 +194,11 @@ pub fn run(args: &RunArgs) -> Result<()> {
             outcome.results
         };
         let wall = started.elapsed();
-        // A signal that comes once the batch ended interrupted nothing.
+        // A signal that comes once the batch ended interrupted nothing: it
+        // ends keel at once, the reports unwritten.
+        crate::interrupt::exit_on_signal(|signal| {
+            (format!("keel: {}", Stopped { signal, while_starting: false }), signal.status())
+        })?;
         let stopped_by = if stopped_by.is_finished() {
             stopped_by.await.ok()
         } else {
@@ -198,24 +208,37 @@ pub fn run(args: &RunArgs) -> Result<()> {
         host.wait_for_cache_upkeep();
         anyhow::Ok((results, wall, stopped_by))
     });
-    let (results, wall, stopped_by) = crate::interrupt::end(runtime, outcome)?;
+    let (results, wall, stopped_by) =
+        crate::interrupt::end_with(runtime, outcome, |(_, _, stopped_by)| stopped_by.is_some())?;
     let errors = results.iter().filter(|result| result.is_error).count();
     let wall_us = u64::try_from(wall.as_micros()).unwrap_or(u64::MAX);
     let summary = stats::summary(&recording, results.len(), errors, wall_us);
-    if let Some(path) = &args.trace {
-        trace::write(path, &trace::trace(&recording, "keel run"), "trace")?;
+    // Each report is tried whatever became of the other, and one that
+    // cannot be written is said after the summary.
+    let mut failed = Vec::new();
+    if let Some(target) = &trace_target
+        && let Err(error) = target.write(&trace::trace(&recording, "keel run"))
+    {
+        failed.push(error);
     }
-    if let Some(path) = &args.timeline {
+    if let Some(target) = &timeline_target {
         let title = format!("keel run {}", args.batch);
-        trace::write(path, timeline::page(&recording, &title, &summary).as_bytes(), "timeline")?;
+        if let Err(error) = target.write(timeline::page(&recording, &title, &summary).as_bytes()) {
+            failed.push(error);
+        }
     }
     if args.stats {
         eprint!("{}", stats::table(&recording));
     }
     eprintln!("{}", printable(&summary));
-    match stopped_by {
-        Some(signal) => Err(Stopped { signal, while_starting: false }.into()),
-        None => Ok(()),
+    let last = failed.pop();
+    for error in failed.iter().chain(stopped_by.is_some().then_some(()).and(last.as_ref())) {
+        eprintln!("error: {}", printable(&format!("{error:#}")));
+    }
+    match (stopped_by, last) {
+        (Some(signal), _) => Err(Stopped { signal, while_starting: false }.into()),
+        (None, Some(error)) => Err(error),
+        (None, None) => Ok(()),
     }
 }
 

@@ -83,23 +83,42 @@ pub fn run(args: &ServeArgs) -> Result<()> {
     // From the start: a signal while the plugins load, or before a client
     // sends `initialize`, stops the server too.
     let stopping = CancellationToken::new();
-    let served =
-        runtime.block_on(async { stop::Stop::listen()?.or(stopping.clone(), serve(args, stopping)).await });
-    // The tasks still running are dropped now, and with the last of them the
-    // trace file, which writes what it holds. A blocking read of stdin
+    let trace = std::sync::OnceLock::new();
+    let served = runtime.block_on(async {
+        stop::Stop::listen()?.or(stopping.clone(), serve(args, stopping.clone(), &trace)).await
+    });
+    // What is left is not worth a wait the user asks to end: a signal now
+    // (a second one, after a stop) ends keel at once.
+    let signalled = stopping.is_cancelled();
+    crate::interrupt::exit_on_signal(move |signal| match signalled {
+        true => (format!("keel: {} again: stopping now", signal.name()), 0),
+        false => (format!("keel: stopped by {}", signal.name()), signal.status()),
+    })?;
+    // The tasks still running are dropped now. A blocking read of stdin
     // cannot be cancelled: it is not waited for past the grace.
     runtime.shutdown_timeout(stop::GRACE);
+    // Then the trace gets every call, however long its last write takes.
+    if let Some(trace) = trace.get() {
+        trace.finish();
+    }
     served
 }
 
 /// Serve as [`run`] says, on the runtime, until `stopping` is cancelled;
 /// then end once every request in flight is answered ([`stop`]).
-async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
+async fn serve(
+    args: &ServeArgs,
+    stopping: CancellationToken,
+    kept_trace: &std::sync::OnceLock<Arc<super::run::trace::TraceFile>>,
+) -> Result<()> {
     let (config, config_path) = args.host.config_and_path()?;
     // A report that cannot be written, or would replace what the server
     // reads or the other report, is refused before anything loads.
     let reports = [("--events", "events file", &args.events), ("--trace", "trace", &args.trace)];
-    super::run::trace::check_reports(&reports, || args.host.inputs(config_path.as_deref()))?;
+    let trace_target =
+        super::run::trace::check_reports(&reports, || args.host.inputs(config_path.as_deref()))?
+            .pop()
+            .flatten();
     // Calls that need approval ask the user of the client that made them.
     let prompter = approval::ClientPrompter::default();
     // One session directory for the server's life, reloads included:
@@ -145,8 +164,12 @@ async fn serve(args: &ServeArgs, stopping: CancellationToken) -> Result<()> {
         Some(path) => Some(EventLog::create(path)?),
         None => None,
     };
-    let trace = match &args.trace {
-        Some(path) => Some(Arc::new(super::run::trace::TraceFile::create(path)?)),
+    // Kept by `run` too, which writes it last, once the server is gone.
+    let trace = match trace_target {
+        Some(target) => {
+            let trace = Arc::new(super::run::trace::TraceFile::create(target)?);
+            Some(kept_trace.get_or_init(|| trace).clone())
+        }
         None => None,
     };
     // On stdio, the session's thread runs the calls, and so their warm-ups.

@@ -32,6 +32,8 @@ pub struct Recording {
     seqs: HashMap<String, u64>,
     /// The `seq` the next call heard of gets.
     next_seq: u64,
+    /// At most this many reports are kept of each call ([`CallRecord::reports`]).
+    reports_per_call: usize,
 }
 
 /// One call as the run reported it.
@@ -53,8 +55,11 @@ pub struct CallRecord {
     pub is_error: Option<bool>,
     /// The first line of its result when that is an error, shortened.
     pub error: Option<String>,
-    /// What the tool reported as it ran, in order.
+    /// What the tool reported as it ran, in order: the first and the
+    /// latest, at most as many as the recording keeps of a call.
     pub reports: Vec<Report>,
+    /// How many reports were left out between those kept.
+    pub reports_left_out: u64,
     /// When it was first heard of, counted in calls.
     seq: u64,
 }
@@ -66,11 +71,72 @@ pub struct Report {
     pub at_us: u64,
     /// `progress`, `log` or `network refused`.
     pub kind: &'static str,
+    /// What it said, kept once.
+    said: Said,
+}
+
+/// What a report said: a progress report's data when it is small, else
+/// its text, cut.
+#[derive(Clone, Debug, PartialEq)]
+enum Said {
+    Text(String),
+    Data(Value),
+}
+
+/// A progress report's message: its `message`, or the report when it is a
+/// string.
+fn message(data: &Value) -> Option<&str> {
+    match data {
+        Value::String(text) => Some(text),
+        other => other.get("message").and_then(Value::as_str),
+    }
+}
+
+/// How large a progress report's JSON may be and be kept whole: a tool
+/// may send a megabyte of progress in every call, and a report file has
+/// room for the gist of it only.
+const REPORT_BYTES: usize = 1024;
+
+/// How much of a report's text is kept when it is cut.
+const REPORT_CHARS: usize = 200;
+
+/// How many reports a batch's recording keeps of each call: the first half
+/// and the latest half.
+pub const REPORTS_PER_CALL: usize = 64;
+
+impl Report {
     /// What it said: a progress report's message (its JSON text when it has
     /// none), a log line, the refused request and why.
-    pub text: String,
-    /// A progress report's data.
-    pub data: Option<Value>,
+    pub fn text(&self) -> std::borrow::Cow<'_, str> {
+        match &self.said {
+            Said::Text(text) => text.into(),
+            Said::Data(data) => message(data).map_or_else(|| data.to_string().into(), Into::into),
+        }
+    }
+
+    /// A progress report's data, when it was small enough to keep.
+    pub fn data(&self) -> Option<&Value> {
+        match &self.said {
+            Said::Data(data) => Some(data),
+            Said::Text(_) => None,
+        }
+    }
+
+    /// A progress report of `data`: kept whole when small, else its text, cut.
+    fn progress(at_us: u64, data: &Value) -> Self {
+        let json = serde_json::to_string(data).unwrap_or_default();
+        let said = if json.len() <= REPORT_BYTES {
+            Said::Data(data.clone())
+        } else {
+            Said::Text(shorten(message(data).unwrap_or(&json), REPORT_CHARS))
+        };
+        Report { at_us, kind: "progress", said }
+    }
+
+    /// A report of `kind` that said `text`, cut.
+    fn text_of(at_us: u64, kind: &'static str, text: &str) -> Self {
+        Report { at_us, kind, said: Said::Text(shorten(text, REPORT_CHARS)) }
+    }
 }
 
 impl Recording {
@@ -78,12 +144,19 @@ impl Recording {
     /// (`(id, tool)`).
     pub fn of_batch<'a>(names: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
         let names = names.into_iter().map(|(id, tool)| (id.to_string(), tool.to_string())).collect();
-        Recording { names, ..Recording::default() }
+        Recording { names, reports_per_call: REPORTS_PER_CALL, ..Recording::default() }
     }
 
-    /// A recording of calls arriving one by one that keeps the last `limit`.
-    pub fn bounded(limit: usize) -> Self {
-        Recording { limit: Some(limit), ..Recording::default() }
+    /// A recording of calls arriving one by one that keeps the last `limit`,
+    /// and at most `reports_per_call` reports of each.
+    pub fn bounded(limit: usize, reports_per_call: usize) -> Self {
+        Recording { limit: Some(limit), reports_per_call, ..Recording::default() }
+    }
+
+    /// This recording, keeping no reports: what only the summary and the
+    /// figures read.
+    pub fn without_reports(self) -> Self {
+        Recording { reports_per_call: 0, ..self }
     }
 
     /// Keep `event`, which arrived now.
@@ -119,32 +192,33 @@ impl Recording {
                 }
                 self.trim();
             }
+            // What the tools report is kept only for a report file.
+            _ if self.reports_per_call == 0 => {}
             Event::Progress { tool_use_id, data } => {
-                let text = match data.get("message").and_then(Value::as_str) {
-                    Some(message) => message.to_string(),
-                    None => match data {
-                        Value::String(text) => text.clone(),
-                        other => other.to_string(),
-                    },
-                };
-                let report = Report { at_us, kind: "progress", text, data: Some(data.clone()) };
-                self.call(tool_use_id).reports.push(report);
+                self.report(tool_use_id, Report::progress(at_us, data));
             }
             Event::ToolLog { tool_use_id, level, message } => {
                 let text = format!("{level:?}: {message}").to_lowercase();
-                self.call(tool_use_id).reports.push(Report { at_us, kind: "log", text, data: None });
+                self.report(tool_use_id, Report::text_of(at_us, "log", &text));
             }
             Event::NetworkRefused { tool_use_id, method, url, reason } => {
                 let text = format!("refused {method} {url}: {reason}");
-                self.call(tool_use_id).reports.push(Report {
-                    at_us,
-                    kind: "network refused",
-                    text,
-                    data: None,
-                });
+                self.report(tool_use_id, Report::text_of(at_us, "network refused", &text));
             }
             _ => {}
         }
+    }
+
+    /// Keep `report` of the call `id`: once it has as many as are kept, the
+    /// oldest after the first half makes room, and is counted.
+    fn report(&mut self, id: &str, report: Report) {
+        let (kept, first) = (self.reports_per_call, self.reports_per_call / 2);
+        let call = self.call(id);
+        if call.reports.len() >= kept {
+            call.reports.remove(first);
+            call.reports_left_out += 1;
+        }
+        call.reports.push(report);
     }
 
     /// The call `id`, new if unheard of.
@@ -426,8 +500,39 @@ mod tests {
     }
 
     #[test]
+    fn a_call_keeps_its_first_and_latest_reports_each_once_and_cut_and_none_without_reports() {
+        let progress = |text: String| Event::Progress {
+            tool_use_id: "p".into(),
+            data: serde_json::json!({ "message": text, "progress": 1 }),
+        };
+        let mut recording = Recording::of_batch([]);
+        for at in 0..100 {
+            recording.record_at(
+                &progress(format!("{at}:{}", "x".repeat(if at == 99 { 100_000 } else { 10 }))),
+                at,
+            );
+        }
+        let call = &recording.calls[0];
+        assert_eq!(call.reports.len(), REPORTS_PER_CALL);
+        assert_eq!(call.reports_left_out, 100 - REPORTS_PER_CALL as u64);
+        let at: Vec<u64> = call.reports.iter().map(|report| report.at_us).collect();
+        assert_eq!(at[..2], [0, 1]);
+        assert_eq!(at[REPORTS_PER_CALL / 2], 100 - REPORTS_PER_CALL as u64 / 2);
+        // A small report keeps its data, whose message is its text; a large
+        // one only the start of its text.
+        assert_eq!(call.reports[0].text(), format!("0:{}", "x".repeat(10)));
+        assert_eq!(call.reports[0].data().unwrap()["progress"], 1);
+        let last = call.reports.last().unwrap();
+        assert!(last.data().is_none() && last.text().chars().count() == REPORT_CHARS + 1);
+
+        let mut recording = Recording::of_batch([]).without_reports();
+        recording.record_at(&progress("a".into()), 1);
+        assert!(recording.calls.is_empty());
+    }
+
+    #[test]
     fn a_bounded_recording_keeps_the_latest_finished_calls_and_every_running_one() {
-        let mut recording = Recording::bounded(2);
+        let mut recording = Recording::bounded(2, 1);
         let started =
             |id: &str| Event::CallStarted { tool_use_id: id.into(), tool: "sleep".into(), activity: None };
         let finished =
@@ -459,7 +564,7 @@ mod tests {
             recording.calls.iter().map(|call| (call.tool_use_id.as_str(), call.finished_us)).collect();
         assert_eq!(finished_at, [("a", Some(11)), ("b", Some(12)), ("c", Some(10))]);
         // A call dropped by the bound, heard of again, is a new one.
-        let mut recording = Recording::bounded(1);
+        let mut recording = Recording::bounded(1, 1);
         for (at, id) in ["a", "b", "a"].into_iter().enumerate() {
             recording.record_at(&started(id), 2 * at as u64);
             recording.record_at(&finished(id), 2 * at as u64 + 1);

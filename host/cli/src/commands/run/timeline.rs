@@ -68,6 +68,9 @@ pub fn escape(text: &str) -> String {
             '>' => escaped.push_str("&gt;"),
             '"' => escaped.push_str("&quot;"),
             '\'' => escaped.push_str("&#39;"),
+            // A control character (but a tab or a line break) is no text
+            // XML allows: the drawing would not be well-formed.
+            c if c.is_control() && !matches!(c, '\t' | '\n' | '\r') => escaped.push('\u{fffd}'),
             c => escaped.push(c),
         }
     }
@@ -282,7 +285,7 @@ fn lane(svg: &mut String, layout: &Layout<'_>, placed: &Placed<'_>, top: f64, x:
                 "{} at {}: {}",
                 report.kind,
                 duration(layout.relative(report.at_us)),
-                report.text
+                report.text()
             )),
             y1 = bar_y - 5.0,
             y2 = bar_y + BAR + 3.0,
@@ -379,6 +382,11 @@ fn tick_step(span_us: f64) -> f64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn escape_leaves_no_control_character_xml_refuses() {
+        assert_eq!(escape("a\0b\u{1b}[31m\u{7}\u{85}\tc\n"), "a\u{fffd}b\u{fffd}[31m\u{fffd}\u{fffd}\tc\n");
+    }
 
     #[test]
     fn escape_leaves_no_markup() {

@@ -8,6 +8,7 @@
 //! the batch was planned, before its turn. Times are µs from the earliest
 //! moment of the run.
 
+use std::io::Write as _;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, mpsc};
 
@@ -79,8 +80,9 @@ pub fn trace(recording: &Recording, process: &str) -> Vec<u8> {
             (None, None) => continue,
         };
         for report in &call.reports {
-            let mut args = json!({ "tool": call.tool, "tool_use_id": call.tool_use_id, "text": report.text });
-            if let Some(data) = &report.data {
+            let mut args =
+                json!({ "tool": call.tool, "tool_use_id": call.tool_use_id, "text": report.text() });
+            if let Some(data) = report.data() {
                 args["data"] = data.clone();
             }
             events.push(&json!({
@@ -125,6 +127,9 @@ fn figures_args(placed: &Placed<'_>) -> Value {
     let mut args = json!({ "tool": call.tool, "tool_use_id": call.tool_use_id, "outcome": call.outcome() });
     if let Some(activity) = &call.activity {
         args["activity"] = activity.clone().into();
+    }
+    if call.reports_left_out > 0 {
+        args["reports_left_out"] = call.reports_left_out.into();
     }
     if let Some(figures) = &call.figures {
         args["fuel"] = json!(figures.fuel);
@@ -196,27 +201,31 @@ fn may_write(path: &Path) -> std::io::Result<()> {
 /// of `inputs` (each with what it is; listed only when a report is asked
 /// for) or the file of a report before it, since it would replace what the
 /// command reads or what the other report wrote; then one that cannot be
-/// written ([`check_writable`]).
+/// written ([`check_writable`]). Gives each report's [`Target`], in the
+/// order given (`None` where none was asked for).
 pub fn check_reports(
-    reports: &[(&str, &str, &Option<PathBuf>)],
+    reports: &[(&str, &'static str, &Option<PathBuf>)],
     inputs: impl FnOnce() -> Result<Vec<(PathBuf, &'static str)>>,
-) -> Result<()> {
-    let reports: Vec<(&str, &str, &Path)> =
+) -> Result<Vec<Option<Target>>> {
+    let asked: Vec<(&str, &str, &Path)> =
         reports.iter().filter_map(|(flag, what, path)| Some((*flag, *what, path.as_deref()?))).collect();
-    if reports.is_empty() {
-        return Ok(());
+    if asked.is_empty() {
+        return Ok(reports.iter().map(|_| None).collect());
     }
     let inputs = inputs()?;
-    for (index, &(flag, _, path)) in reports.iter().enumerate() {
+    for (index, &(flag, _, path)) in asked.iter().enumerate() {
         if let Some((_, what)) = inputs.iter().find(|(input, _)| same_file(path, input)) {
             bail!("{flag} {} is {what}; give the report a file of its own", path.display());
         }
-        if let Some((other, _, _)) = reports[..index].iter().find(|(_, _, earlier)| same_file(path, earlier))
-        {
+        if let Some((other, _, _)) = asked[..index].iter().find(|(_, _, earlier)| same_file(path, earlier)) {
             bail!("{other} and {flag} name the same file, {}; give each a file of its own", path.display());
         }
     }
-    reports.iter().try_for_each(|(_, what, path)| check_writable(path, what))
+    asked.iter().try_for_each(|(_, what, path)| check_writable(path, what))?;
+    reports
+        .iter()
+        .map(|(_, what, path)| path.as_deref().map(|path| Target::resolve(path, what)).transpose())
+        .collect()
 }
 
 /// Whether `a` and `b` name one file: the same file when both exist (links
@@ -235,13 +244,141 @@ fn same_file(a: &Path, b: &Path) -> bool {
     }
 }
 
-/// Write `contents` to `path`: a file atomically, so that a reader sees the
-/// old file or the whole new one, never half of it, at the end of `path`'s
-/// links; a pipe or a device written through ([`keel_host::fs::write_to`]).
-pub fn write(path: &Path, contents: &[u8], what: &str) -> Result<()> {
-    let failed = || format!("failed to write {what} {}", path.display());
-    // A new report gets the mode of any new file, a replaced one keeps its own.
-    keel_host::fs::write_to(path, contents).with_context(failed)?;
+/// Where a report is written, found once, before the run: the end of the
+/// links of the path given, so that a link a tool makes there while the
+/// run goes on cannot send the report elsewhere (out of the workspace),
+/// and what was there then, so that a file a tool wrote meanwhile is not
+/// replaced unsaid.
+pub struct Target {
+    /// The path given.
+    path: PathBuf,
+    /// What the report is called in messages (`trace`, `timeline`).
+    what: &'static str,
+    /// Where it led when the run began.
+    resolved: PathBuf,
+    /// The regular file there when the run began, or after keel last wrote
+    /// it.
+    seen: Mutex<Option<Seen>>,
+}
+
+/// A regular file as it was: a tool that wrote it since changed one of
+/// these.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Seen {
+    device: u64,
+    inode: u64,
+    len: u64,
+    modified: Option<std::time::SystemTime>,
+}
+
+impl Seen {
+    fn of(path: &Path) -> Option<Self> {
+        use std::os::unix::fs::MetadataExt as _;
+        let metadata = std::fs::symlink_metadata(path).ok().filter(std::fs::Metadata::is_file)?;
+        Some(Seen {
+            device: metadata.dev(),
+            inode: metadata.ino(),
+            len: metadata.len(),
+            modified: metadata.modified().ok(),
+        })
+    }
+}
+
+/// The end of `path`'s links: the file it names, or, when none exists yet,
+/// the name in the directory a new file would be made in.
+fn resolve(path: &Path) -> std::io::Result<PathBuf> {
+    if let Ok(resolved) = path.canonicalize() {
+        return Ok(resolved);
+    }
+    let target = keel_host::fs::link_target(path)?;
+    let dir = match target.parent() {
+        Some(dir) if !dir.as_os_str().is_empty() => dir,
+        _ => Path::new("."),
+    };
+    match (dir.canonicalize(), target.file_name()) {
+        (Ok(dir), Some(name)) => Ok(dir.join(name)),
+        _ => Ok(target),
+    }
+}
+
+impl Target {
+    /// The report `what` at `path`, as it is now.
+    pub fn resolve(path: &Path, what: &'static str) -> Result<Self> {
+        let resolved = resolve(path).with_context(|| format!("failed to write {what} {}", path.display()))?;
+        let seen = Mutex::new(Seen::of(&resolved));
+        Ok(Target { path: path.to_path_buf(), what, resolved, seen })
+    }
+
+    /// The path given.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Write `contents` where the path led when the run began: a regular
+    /// file, or no file yet, atomically, so that a reader sees the old file
+    /// or the whole new one, never half of it (the temporary file is
+    /// removed should a signal end keel meanwhile); a pipe or a device
+    /// written through. Refused when the path now leads elsewhere; a file
+    /// changed since keel saw it is said to be replaced.
+    pub fn write(&self, contents: &[u8]) -> Result<()> {
+        let failed = || format!("failed to write {} {}", self.what, self.path.display());
+        let now = resolve(&self.path).with_context(failed)?;
+        if now != self.resolved {
+            bail!(
+                "{}: it now leads to {}, not to {} as when keel started; a link made since is not followed",
+                failed(),
+                now.display(),
+                self.resolved.display()
+            );
+        }
+        let mut seen = self.seen.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let found = Seen::of(&self.resolved);
+        if found.is_some() && found != *seen {
+            let _ = writeln!(
+                std::io::stderr().lock(),
+                "keel: {} {} changed since keel started (a tool wrote it?); the {} replaces it",
+                self.what,
+                crate::commands::printable(&self.path.display().to_string()),
+                self.what
+            );
+        }
+        let metadata = std::fs::metadata(&self.resolved);
+        if metadata.as_ref().is_ok_and(|metadata| !metadata.is_file()) {
+            // A pipe, a device, a directory (whose open fails as the
+            // system says): written through, never replaced.
+            let mut file =
+                std::fs::OpenOptions::new().write(true).open(&self.resolved).with_context(failed)?;
+            std::io::Write::write_all(&mut file, contents).with_context(failed)?;
+            return Ok(());
+        }
+        replace(&self.resolved, contents, metadata.ok()).with_context(failed)?;
+        *seen = Seen::of(&self.resolved);
+        Ok(())
+    }
+}
+
+/// Write `contents` to a hidden temporary file beside `target` and rename
+/// it over `target` (which is not followed, should it be a link). A new
+/// report gets the mode of any new file, a replaced one (`replaced`)
+/// keeps its own.
+fn replace(target: &Path, contents: &[u8], replaced: Option<std::fs::Metadata>) -> std::io::Result<()> {
+    let dir = target.parent().unwrap_or(Path::new("."));
+    let name = target.file_name().map_or_else(Default::default, |name| name.to_string_lossy());
+    let prefix = format!(".{name}.");
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".tmp");
+    {
+        use std::os::unix::fs::PermissionsExt as _;
+        builder.permissions(std::fs::Permissions::from_mode(0o666));
+    }
+    let mut temp = builder.tempfile_in(dir)?;
+    let _staging = crate::interrupt::Staging::of(temp.path());
+    if let Some(replaced) = replaced {
+        temp.as_file().set_permissions(replaced.permissions())?;
+    }
+    std::io::Write::write_all(&mut temp, contents)?;
+    temp.as_file().sync_all()?;
+    temp.persist(target).map_err(|error| error.error)?;
     Ok(())
 }
 
@@ -259,7 +396,8 @@ const SERVE_TRACE_INTERVAL: std::time::Duration = std::time::Duration::from_mill
 /// once per [`SERVE_TRACE_INTERVAL`] and nine times as long as the last
 /// write took ([`pause_after`]). The writing happens on a thread of its
 /// own, off every call's path; calls that finish while it writes or waits
-/// are in its next write.
+/// are in its next write, and those after the last in the write of
+/// [`TraceFile::finish`].
 pub struct TraceFile {
     shared: Arc<Shared>,
     finished: mpsc::Sender<()>,
@@ -267,32 +405,39 @@ pub struct TraceFile {
 
 /// What the writer thread and the calls share.
 struct Shared {
-    path: PathBuf,
+    target: Target,
     recording: Mutex<Recording>,
     /// Held across a write, so that writes never overtake one another: each
-    /// takes its copy of the recording once it holds it.
-    writing: Mutex<()>,
+    /// takes its copy of the recording once it holds it. True once the last
+    /// write began: the writer thread writes no more.
+    writing: Mutex<bool>,
 }
 
 impl Shared {
-    fn write(&self) {
-        let _writing = self.writing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    /// Write the file, unless the last write began; `last` makes this one
+    /// the last.
+    fn write(&self, last: bool) {
+        let mut ended = self.writing.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *ended {
+            return;
+        }
+        *ended = last;
         let recording = self.recording.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone();
-        if let Err(error) = write(&self.path, &trace(&recording, "keel serve"), "trace") {
+        if let Err(error) = self.target.write(&trace(&recording, "keel serve")) {
             tracing::warn!("{error:#}");
         }
     }
 }
 
 impl TraceFile {
-    /// Start the trace at `path`, writing an empty one at once: a path that
-    /// cannot be written fails here, naming it.
-    pub fn create(path: &Path) -> Result<Self> {
-        write(path, &trace(&Recording::default(), "keel serve"), "trace")?;
+    /// Start the trace at `target`, writing an empty one at once: a path
+    /// that cannot be written fails here, naming it.
+    pub fn create(target: Target) -> Result<Self> {
+        target.write(&trace(&Recording::default(), "keel serve"))?;
         let shared = Arc::new(Shared {
-            path: path.to_path_buf(),
-            recording: Mutex::new(Recording::bounded(SERVE_TRACE_CALLS)),
-            writing: Mutex::new(()),
+            target,
+            recording: Mutex::new(Recording::bounded(SERVE_TRACE_CALLS, SERVE_REPORTS_PER_CALL)),
+            writing: Mutex::new(false),
         });
         let (finished, calls) = mpsc::channel::<()>();
         let writer = shared.clone();
@@ -302,7 +447,7 @@ impl TraceFile {
                 while calls.recv().is_ok() {
                     let began = std::time::Instant::now();
                     while calls.try_recv().is_ok() {}
-                    writer.write();
+                    writer.write(false);
                     std::thread::sleep(pause_after(began.elapsed()));
                 }
             })
@@ -317,7 +462,27 @@ impl TraceFile {
             let _ = self.finished.send(());
         }
     }
+
+    /// The server stopped: write every call kept, whatever the writer
+    /// thread wrote last, once a write under way ends; the writer writes
+    /// no more. Said on stderr when it takes long; a signal then ends it
+    /// ([`crate::interrupt::exit_on_signal`]), leaving the file as it was.
+    pub fn finish(&self) {
+        let calls =
+            self.shared.recording.lock().unwrap_or_else(std::sync::PoisonError::into_inner).calls.len();
+        let what = format!(
+            "writing the trace of the last {} to {}",
+            crate::commands::counted(calls, "call"),
+            crate::commands::printable(&self.shared.target.path().display().to_string())
+        );
+        crate::interrupt::said_if_slow(what, || self.shared.write(true));
+    }
 }
+
+/// How many reports (progress, log lines) `keel serve --trace` keeps of
+/// each call: the file keeps 10,000 calls, and a tool chooses how much it
+/// reports.
+const SERVE_REPORTS_PER_CALL: usize = 16;
 
 /// How long the trace writer waits after a write that took `took`: under a
 /// stream of calls, one write per interval, not one after another on a core
@@ -327,18 +492,64 @@ fn pause_after(took: std::time::Duration) -> std::time::Duration {
     SERVE_TRACE_INTERVAL.saturating_sub(took).max(took * 9)
 }
 
-impl Drop for TraceFile {
-    /// The server is stopping: write what the writer may not have yet.
-    fn drop(&mut self) {
-        self.shared.write();
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    fn finished(id: &str) -> Event {
+        Event::CallFinished { tool_use_id: id.into(), is_error: false, figures: None }
+    }
+
+    #[test]
+    fn the_last_write_of_the_serve_trace_has_every_call_and_leaves_no_temporary_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("serve.trace.json");
+        let trace = TraceFile::create(Target::resolve(&path, "trace").unwrap()).unwrap();
+        for id in ["a", "b", "c"] {
+            trace.record(&Event::CallStarted { tool_use_id: id.into(), tool: "echo".into(), activity: None });
+            trace.record(&finished(id));
+        }
+        trace.finish();
+        // The writer thread, woken by the last calls, writes no more.
+        trace.record(&finished("late"));
+        std::thread::sleep(Duration::from_millis(300));
+        let written: Value = serde_json::from_slice(&std::fs::read(&path).unwrap()).unwrap();
+        let ids: Vec<&str> = written["traceEvents"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|event| event["cat"] == "tool")
+            .map(|event| event["args"]["tool_use_id"].as_str().unwrap())
+            .collect();
+        assert_eq!(ids, ["a", "b", "c"]);
+        let names: Vec<_> =
+            std::fs::read_dir(dir.path()).unwrap().map(|entry| entry.unwrap().file_name()).collect();
+        assert_eq!(names, ["serve.trace.json"]);
+    }
+
+    #[test]
+    fn a_report_is_not_written_where_a_link_made_during_the_run_leads() {
+        let dir = tempfile::tempdir().unwrap();
+        let (workspace, outside) = (dir.path().join("ws"), dir.path().join("outside"));
+        std::fs::create_dir_all(&workspace).unwrap();
+        std::fs::create_dir_all(&outside).unwrap();
+        std::fs::write(outside.join("victim.txt"), "keep me").unwrap();
+        let path = workspace.join("timeline.html");
+        std::fs::write(&path, "old").unwrap();
+        let target = Target::resolve(&path, "timeline").unwrap();
+        // A tool replaces the report's file with a link out of the workspace.
+        std::fs::remove_file(&path).unwrap();
+        std::os::unix::fs::symlink("../outside/victim.txt", &path).unwrap();
+        let error = target.write(b"<html>").unwrap_err();
+        assert!(format!("{error:#}").contains("a link made since is not followed"), "{error:#}");
+        assert_eq!(std::fs::read_to_string(outside.join("victim.txt")).unwrap(), "keep me");
+        // A link the user made before the run is followed.
+        let target = Target::resolve(&path, "timeline").unwrap();
+        target.write(b"<html>").unwrap();
+        assert_eq!(std::fs::read_to_string(outside.join("victim.txt")).unwrap(), "<html>");
+    }
 
     #[test]
     fn the_trace_writer_waits_out_the_interval_and_nine_times_a_long_write() {
