@@ -25,13 +25,22 @@ pub struct Telemetry {
 impl Telemetry {
     /// Send the spans not yet sent and stop the exporter. Bounded by the
     /// exporter's timeout (`OTEL_EXPORTER_OTLP_TIMEOUT`, 10 s by default)
-    /// and its few retries.
+    /// and a second for its few quick retries, where the SDK's own
+    /// shutdown gives up after 5 s whatever the timeout; said on stderr
+    /// when the collector is slow to answer.
     pub fn shutdown(self) {
         #[cfg(feature = "otlp")]
-        if let Some(provider) = self.provider
-            && let Err(error) = provider.shutdown()
-        {
-            tracing::warn!("failed to send the last spans over OTLP: {error}");
+        if let Some(provider) = self.provider {
+            let wait = otlp::timeout() + std::time::Duration::from_secs(1);
+            let what = format!(
+                "sending the last spans to {} (at most {} s)",
+                otlp::endpoint(),
+                wait.as_secs_f64().ceil()
+            );
+            if let Err(error) = crate::interrupt::said_if_slow(what, || provider.shutdown_with_timeout(wait))
+            {
+                tracing::warn!("failed to send the last spans over OTLP: {error}");
+            }
         }
     }
 }
@@ -209,6 +218,24 @@ mod otlp {
             .build()
             .map_err(|error| format!("failed to build the OTLP exporter: {error}"))?;
         Ok(Some(SdkTracerProvider::builder().with_batch_exporter(exporter).with_resource(resource()).build()))
+    }
+
+    /// The exporter's timeout: `OTEL_EXPORTER_OTLP_TRACES_TIMEOUT` or
+    /// `OTEL_EXPORTER_OTLP_TIMEOUT` in milliseconds, 10 s by default, as the
+    /// exporter reads them.
+    pub fn timeout() -> std::time::Duration {
+        ["OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "OTEL_EXPORTER_OTLP_TIMEOUT"]
+            .iter()
+            .find_map(|name| std::env::var(name).ok()?.trim().parse().ok())
+            .map_or(std::time::Duration::from_secs(10), std::time::Duration::from_millis)
+    }
+
+    /// Where the spans go, as the variables name it.
+    pub fn endpoint() -> String {
+        ENDPOINTS
+            .iter()
+            .find_map(|name| std::env::var(name).ok().filter(|value| !value.is_empty()))
+            .unwrap_or_default()
     }
 
     /// `OTEL_EXPORTER_OTLP_TRACES_PROTOCOL` or `OTEL_EXPORTER_OTLP_PROTOCOL`:
