@@ -6,11 +6,13 @@
 //! to what is shown, so the head of a log of gigabytes reads at once and its
 //! tail as fast as the lines before it can be skipped. Only a file within
 //! [`MAX_FILE_BYTES`] is read without a range, and only there are the lines
-//! after the range counted.
+//! after the range counted. Time is bounded by the call's deadline, which
+//! the reading checks before each chunk of the file it reads.
 
 use std::io::{BufRead, BufReader, Read as _};
 use std::path::{Component, Path, PathBuf};
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use cap_std::ambient_authority;
@@ -20,6 +22,7 @@ use serde_json::{Value, json};
 
 use crate::content::ContentBlock;
 use crate::contract::WORKSPACE_MOUNT;
+use crate::limits::{LimitKind, Limits};
 use crate::load::grants::PluginGrant;
 use crate::tool::{
     CallContext, CallError, CallOutput, InterruptBehavior, Invocation, ResultSize, Tool, ToolSpec,
@@ -50,6 +53,8 @@ const IMAGE_EXTENSIONS: [&str; 5] = ["png", "jpg", "jpeg", "gif", "webp"];
 pub struct Read {
     spec: ToolSpec,
     mounts: Arc<Mounts>,
+    /// The wall-clock time one call may take.
+    deadline: Duration,
 }
 
 /// The directories `Read` may read, each opened once and named by where a
@@ -120,7 +125,15 @@ impl Read {
             max_result_size: ResultSize::SelfBounded,
             ..ToolSpec::native("Read", description, input_schema)
         };
-        Read { spec, mounts: Arc::new(Mounts { dirs }) }
+        Read { spec, mounts: Arc::new(Mounts { dirs }), deadline: Limits::default().deadline }
+    }
+
+    /// This `Read`, each call held to `deadline` (the host's
+    /// [`Limits::deadline`]; default: that of [`Limits::default`], 30 s): a
+    /// call still reading then ends with the deadline's error, as a
+    /// plugin's does, and stops reading at its next chunk of the file.
+    pub fn with_deadline(self, deadline: Duration) -> Self {
+        Read { deadline, ..self }
     }
 }
 
@@ -131,7 +144,7 @@ impl Tool for Read {
     }
 
     async fn invoke(&self, input: Value, context: Arc<Value>) -> Result<Box<dyn Invocation>, CallError> {
-        Ok(Box::new(ReadCall { mounts: self.mounts.clone(), input, context }))
+        Ok(Box::new(ReadCall { mounts: self.mounts.clone(), input, context, deadline: self.deadline }))
     }
 }
 
@@ -140,6 +153,8 @@ struct ReadCall {
     input: Value,
     /// The context the call runs with: its `cwd` resolves `file_path`.
     context: Arc<Value>,
+    /// The wall-clock time the call may take.
+    deadline: Duration,
 }
 
 #[async_trait]
@@ -193,13 +208,24 @@ impl Invocation for ReadCall {
         };
         let mounts = self.mounts.clone();
         let shown = input.file_path.clone();
-        tokio::task::spawn_blocking(move || {
+        let deadline = Instant::now() + self.deadline;
+        let reading = tokio::task::spawn_blocking(move || {
             let (name, dir) = &mounts.dirs[mount];
-            read(dir, name, &relative, &input)
-        })
-        .await
-        .map_err(|error| CallError::Host(error.to_string()))?
-        .map_err(|reason| CallError::Tool(format!("cannot read {shown}: {reason}")))
+            read(dir, name, &relative, &input, deadline)
+        });
+        let exceeded =
+            || CallError::Limit { kind: LimitKind::Deadline, value: format!("{:?}", self.deadline) };
+        // The reading stops itself at its deadline between chunks; this
+        // timer answers on time a read blocked inside one (a hung network
+        // mount), leaving the thread to it.
+        let Ok(joined) = tokio::time::timeout_at(deadline.into(), reading).await else {
+            return Err(exceeded());
+        };
+        match joined.map_err(|error| CallError::Host(error.to_string()))? {
+            Ok(output) => Ok(output),
+            Err(Failure::Deadline) => Err(exceeded()),
+            Err(Failure::Reason(reason)) => Err(CallError::Tool(format!("cannot read {shown}: {reason}"))),
+        }
     }
 }
 
@@ -244,30 +270,88 @@ impl Mounts {
     }
 }
 
+/// Why a read gave no output.
+enum Failure {
+    /// The reason, as the model reads it after `cannot read <path>: `.
+    Reason(String),
+    /// The call's deadline passed.
+    Deadline,
+}
+
+impl From<String> for Failure {
+    fn from(reason: String) -> Self {
+        Failure::Reason(reason)
+    }
+}
+
+impl From<std::io::Error> for Failure {
+    fn from(error: std::io::Error) -> Self {
+        if error.get_ref().is_some_and(|inner| inner.is::<DeadlinePassed>()) {
+            return Failure::Deadline;
+        }
+        Failure::Reason(error.to_string())
+    }
+}
+
+/// The error [`Watched`] reads with once the deadline has passed.
+#[derive(Debug)]
+struct DeadlinePassed;
+
+impl std::fmt::Display for DeadlinePassed {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("the call's deadline passed")
+    }
+}
+
+impl std::error::Error for DeadlinePassed {}
+
+/// A file that fails to read once `deadline` has passed. The clock is
+/// asked before each read, which under a `BufReader` is once a chunk: a
+/// skip through terabytes without a line ends within a chunk of its
+/// deadline, and so does the thread doing it.
+struct Watched<R> {
+    inner: R,
+    deadline: Instant,
+}
+
+impl<R: std::io::Read> std::io::Read for Watched<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        if Instant::now() >= self.deadline {
+            return Err(std::io::Error::new(std::io::ErrorKind::TimedOut, DeadlinePassed));
+        }
+        self.inner.read(buf)
+    }
+}
+
 /// Read the file at `relative` in `dir`, the directory mounted at `mount`,
-/// as `input` asks: an image file as an image block, any other as numbered
-/// lines. The error is the reason alone.
-fn read(dir: &Dir, mount: &Path, relative: &Path, input: &Input) -> Result<CallOutput, String> {
+/// as `input` asks, by `deadline`: an image file as an image block, any
+/// other as numbered lines.
+fn read(
+    dir: &Dir,
+    mount: &Path,
+    relative: &Path,
+    input: &Input,
+    deadline: Instant,
+) -> Result<CallOutput, Failure> {
     let target = if relative.as_os_str().is_empty() { Path::new(".") } else { relative };
     let (file, metadata) = open(dir, mount, target)?;
     let size = metadata.len();
     if is_image_name(relative) {
-        return read_image(file, size, &input.file_path);
+        return Ok(read_image(file, size, &input.file_path)?);
     }
     if size > MAX_FILE_BYTES && input.offset.is_none() && input.limit.is_none() {
-        return Err(format!(
+        return Err(Failure::Reason(format!(
             "it is larger than {} MiB; pass `offset` and `limit` to read part of it",
             MAX_FILE_BYTES >> 20
-        ));
+        )));
     }
     let offset = input.offset.unwrap_or(1).max(1);
     let limit = input.limit.unwrap_or(DEFAULT_LINE_LIMIT);
     // Never past the size the file had when opened, or the cap: a file
     // that grows as it is read still ends.
-    let reader = BufReader::with_capacity(64 << 10, file.take(size.max(MAX_FILE_BYTES)));
-    number_lines(reader, offset, limit, size <= MAX_FILE_BYTES)
-        .map(CallOutput::text)
-        .map_err(|error| error.to_string())
+    let file = Watched { inner: file.take(size.max(MAX_FILE_BYTES)), deadline };
+    let reader = BufReader::with_capacity(64 << 10, file);
+    Ok(number_lines(reader, offset, limit, size <= MAX_FILE_BYTES).map(CallOutput::text)?)
 }
 
 /// The regular file at `target` in `dir`, the directory mounted at `mount`,
@@ -502,8 +586,6 @@ fn decode(line: &Line) -> std::io::Result<&str> {
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use super::*;
 
     fn read(dir: &Path, input: Value) -> Result<CallOutput, CallError> {
@@ -683,6 +765,20 @@ mod tests {
             read(dir.path(), json!({ "file_path": "sock" })).unwrap_err(),
             CallError::Tool("cannot read sock: it is a socket, not a regular file".into())
         );
+    }
+
+    #[test]
+    fn an_offset_into_a_huge_file_without_lines_stops_at_the_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = std::fs::File::create(dir.path().join("huge.log")).unwrap();
+        // 4 TiB of zeros, no line: sparse, so it takes no disk space.
+        file.set_len(4 << 40).expect("the temporary directory holds sparse files");
+        let tool = Read::new(Dir::open_ambient_dir(dir.path(), ambient_authority()).unwrap())
+            .with_deadline(Duration::from_millis(300));
+        let input = json!({ "file_path": "huge.log", "offset": 2 });
+        let error = run_within(Duration::from_secs(20), tool, input).unwrap_err();
+        assert_eq!(error, CallError::Limit { kind: LimitKind::Deadline, value: "300ms".into() });
+        assert_eq!(error.to_string(), "deadline of 300ms exceeded");
     }
 
     /// A 2×2 red PNG.
