@@ -804,7 +804,7 @@ fn log_level_of(level: rmcp::model::LoggingLevel) -> LogLevel {
 
 /// `--events`: every call's events as JSON lines, written as they happen.
 struct EventLog {
-    file: Mutex<std::io::LineWriter<std::fs::File>>,
+    lines: Mutex<Lines<std::fs::File>>,
     path: PathBuf,
 }
 
@@ -812,15 +812,97 @@ impl EventLog {
     fn create(path: &std::path::Path) -> Result<Self> {
         let file = std::fs::File::create(path)
             .with_context(|| format!("failed to create events file {}", path.display()))?;
-        Ok(EventLog { file: Mutex::new(std::io::LineWriter::new(file)), path: path.to_path_buf() })
+        Ok(EventLog { lines: Mutex::new(Lines::new(file)), path: path.to_path_buf() })
     }
 
     fn write(&self, event: &Event) {
         let mut line = serde_json::to_vec(event).expect("events serialize");
         line.push(b'\n');
-        let mut file = self.file.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if let Err(error) = file.write_all(&line) {
-            tracing::warn!("failed to write to events file {}: {error}", self.path.display());
+        let mut lines = self.lines.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match lines.write(&line) {
+            Written::Line => {}
+            Written::After(lost) => {
+                tracing::warn!("events file {}: written again, {lost} events lost", self.path.display());
+            }
+            Written::Lost(Some(error)) => tracing::warn!(
+                "failed to write to events file {}: {error}; events are lost until it can be written again",
+                self.path.display()
+            ),
+            Written::Lost(None) => {}
+        }
+    }
+}
+
+/// A file of JSON lines, each written whole or not at all: a line the file
+/// could not take whole (a full disk) is cut off again, and the lines lost
+/// until one is written are counted in an `events_lost` line before it.
+struct Lines<F> {
+    file: F,
+    /// Bytes of whole lines written.
+    written: u64,
+    /// Lines lost since the last written.
+    lost: u64,
+}
+
+/// What became of a line given to [`Lines::write`].
+#[derive(Debug)]
+enum Written {
+    Line,
+    /// Written, after the count of those lost before it.
+    After(u64),
+    /// Lost; with why, when it is the first lost since a line was written.
+    Lost(Option<std::io::Error>),
+}
+
+/// A file that can be cut back to a length, and written on from there.
+trait Truncate: std::io::Write {
+    fn truncate(&mut self, len: u64) -> std::io::Result<()>;
+}
+
+impl Truncate for std::fs::File {
+    fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+        use std::io::Seek as _;
+        self.set_len(len)?;
+        self.seek(std::io::SeekFrom::Start(len)).map(drop)
+    }
+}
+
+impl<F: Truncate> Lines<F> {
+    fn new(file: F) -> Self {
+        Lines { file, written: 0, lost: 0 }
+    }
+
+    fn write(&mut self, line: &[u8]) -> Written {
+        let lost = self.lost;
+        if lost > 0 {
+            let marker = format!("{{\"type\":\"events_lost\",\"count\":{lost}}}\n");
+            if self.append(marker.as_bytes()).is_err() {
+                self.lost += 1;
+                return Written::Lost(None);
+            }
+            self.lost = 0;
+        }
+        match self.append(line) {
+            Ok(()) if lost > 0 => Written::After(lost),
+            Ok(()) => Written::Line,
+            Err(error) => {
+                self.lost += 1;
+                Written::Lost((self.lost == 1).then_some(error))
+            }
+        }
+    }
+
+    fn append(&mut self, bytes: &[u8]) -> std::io::Result<()> {
+        match self.file.write_all(bytes).and_then(|()| self.file.flush()) {
+            Ok(()) => {
+                self.written += bytes.len() as u64;
+                Ok(())
+            }
+            Err(error) => {
+                // What part of the line went in is cut off again.
+                let _ = self.file.truncate(self.written);
+                Err(error)
+            }
         }
     }
 }
@@ -833,6 +915,52 @@ mod tests {
     use keel_host::tool::{CallError, Invocation};
 
     use super::*;
+
+    /// A file that takes `room` bytes more, then fails as a full disk does,
+    /// having taken what fitted.
+    struct Disk {
+        bytes: Vec<u8>,
+        room: usize,
+    }
+
+    impl std::io::Write for Disk {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            if self.room == 0 {
+                return Err(std::io::Error::from(std::io::ErrorKind::StorageFull));
+            }
+            let taken = buf.len().min(self.room);
+            self.bytes.extend_from_slice(&buf[..taken]);
+            self.room -= taken;
+            Ok(taken)
+        }
+
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    impl Truncate for Disk {
+        fn truncate(&mut self, len: u64) -> std::io::Result<()> {
+            self.bytes.truncate(len as usize);
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn events_a_full_disk_cannot_take_are_lost_whole_and_counted() {
+        let mut lines = Lines::new(Disk { bytes: Vec::new(), room: 14 });
+        assert!(matches!(lines.write(b"{\"n\":1}\n"), Written::Line));
+        // Half of it fits: cut off again, and said once.
+        assert!(matches!(lines.write(b"{\"n\":2}\n"), Written::Lost(Some(_))));
+        assert!(matches!(lines.write(b"{\"n\":3}\n"), Written::Lost(None)));
+        assert_eq!(lines.file.bytes, b"{\"n\":1}\n");
+        lines.file.room = 1000;
+        assert!(matches!(lines.write(b"{\"n\":4}\n"), Written::After(2)));
+        assert_eq!(
+            String::from_utf8(lines.file.bytes.clone()).unwrap(),
+            "{\"n\":1}\n{\"type\":\"events_lost\",\"count\":2}\n{\"n\":4}\n"
+        );
+    }
 
     /// A tool whose warm-up never ends: it sets `began` as it begins, and
     /// `ended` once it is dropped.
