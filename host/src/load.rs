@@ -21,6 +21,7 @@ pub mod network;
 pub mod oci;
 pub(crate) mod plugin;
 pub(crate) mod sandbox;
+pub(crate) mod special_files;
 
 pub use self::engine::{Runtime, default_cache_dir};
 pub use self::grants::{Access, DirGrant, Grants, PluginConfig, PluginGrant, PluginsConfig};

@@ -19,6 +19,7 @@ mod pool;
 mod queries;
 mod scheduler;
 mod soak;
+mod special_files;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;

@@ -102,6 +102,7 @@ impl Runtime {
                     &mut linker,
                     |state| state,
                 )?;
+                crate::load::special_files::add_to_linker(&mut linker)?;
                 linker.allow_shadowing(false);
                 Ok(())
             })
