@@ -34,6 +34,16 @@ pub use crate::load::grants::PluginsConfig;
 /// The file name looked for in the working directory.
 pub const FILE_NAME: &str = "keel.toml";
 
+/// The largest configuration file read. A `keel.toml` with a few hundred
+/// rules and grants is tens of kilobytes; a file of megabytes is not one
+/// (`/dev/zero` named by mistake would otherwise be read until memory ran
+/// out).
+pub const MAX_FILE_BYTES: usize = 1 << 20;
+
+/// The largest PEM file of `[network] roots` read. A system's whole bundle
+/// of certificate authorities is about 200 KB.
+pub const MAX_ROOTS_FILE_BYTES: usize = 4 << 20;
+
 /// The parsed configuration.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, expecting = "a table of keel settings")]
@@ -194,20 +204,53 @@ impl Config {
         read_toml(text).map_err(|reason| Error::Config { path: origin.to_path_buf(), reason })
     }
 
-    /// Read `path`.
+    /// Read `path`: a regular file of at most [`MAX_FILE_BYTES`], else an
+    /// error naming what it is, or its size.
     pub fn load(path: &Path) -> Result<Self> {
-        let text = std::fs::read_to_string(path).map_err(|error| Error::io("read", path, error))?;
+        let bytes = crate::fs::read_file_at_most(path, MAX_FILE_BYTES)
+            .map_err(|error| Error::io("read", path, error))?;
+        let text = String::from_utf8(bytes).map_err(|error| {
+            Error::io("read", path, std::io::Error::new(std::io::ErrorKind::InvalidData, error))
+        })?;
         Config::parse(&text, path)
     }
 
-    /// `--config PATH` when given, else `keel.toml` in `dir` when it exists,
-    /// else the defaults. Returns the file read, if any.
+    /// `--config PATH` when given, else `keel.toml` in `dir` when the name
+    /// is there, else the defaults. Returns the file read, if any. A
+    /// `keel.toml` that is there and cannot be read as a file (a directory,
+    /// a named pipe, a link to nothing) is an error, not the defaults: its
+    /// rules would be dropped without a word.
     pub fn discover(explicit: Option<&Path>, dir: &Path) -> Result<(Self, Option<PathBuf>)> {
         if let Some(path) = explicit {
             return Ok((Config::load(path)?, Some(path.to_path_buf())));
         }
         let path = dir.join(FILE_NAME);
-        if path.is_file() { Ok((Config::load(&path)?, Some(path))) } else { Ok((Config::default(), None)) }
+        match std::fs::symlink_metadata(&path) {
+            Err(error) if error.kind() == std::io::ErrorKind::NotFound => {
+                return Ok((Config::default(), None));
+            }
+            Err(error) => return Err(Error::io("read", &path, error)),
+            Ok(link) if link.file_type().is_symlink() && std::fs::metadata(&path).is_err() => {
+                let target = std::fs::read_link(&path).map_err(|error| Error::io("read", &path, error))?;
+                let reason = format!("it is a symbolic link to {}, which cannot be read", target.display());
+                let error = std::io::Error::new(std::io::ErrorKind::NotFound, reason);
+                return Err(Error::io("read", &path, error));
+            }
+            Ok(_) => {}
+        }
+        Ok((Config::load(&path)?, Some(path)))
+    }
+}
+
+impl NetworkConfig {
+    /// The PEM file `path` of `roots` (joined to the workspace already):
+    /// a regular file of at most [`MAX_ROOTS_FILE_BYTES`], with an error
+    /// naming `[network] roots`.
+    pub fn read_root(path: &Path) -> Result<Vec<u8>> {
+        crate::fs::read_file_at_most(path, MAX_ROOTS_FILE_BYTES).map_err(|error| Error::Config {
+            path: PathBuf::from("[network] roots"),
+            reason: format!("failed to read {}: {error}", path.display()),
+        })
     }
 }
 
@@ -439,6 +482,94 @@ mod tests {
             "invalid config keel.toml: invalid type: string \"data:ro\", expected a table of `path`, `mount` \
              and optionally `access`, such as `{ path = \"data\", mount = \"/data\" }` (line 2, column 9)"
         );
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn a_keel_toml_that_is_there_but_no_file_is_an_error_naming_it() {
+        let reason = |dir: &Path| Config::discover(None, dir).unwrap_err().to_string();
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        std::fs::create_dir(&path).unwrap();
+        assert_eq!(
+            reason(dir.path()),
+            format!("failed to read {}: it is a directory, not a file", path.display())
+        );
+
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        std::os::unix::fs::symlink("/nonexistent/keel.toml", &path).unwrap();
+        assert_eq!(
+            reason(dir.path()),
+            format!(
+                "failed to read {}: it is a symbolic link to /nonexistent/keel.toml, which cannot be read",
+                path.display()
+            )
+        );
+
+        // Not opened: that would wait for a writer.
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join(FILE_NAME);
+        assert!(std::process::Command::new("mkfifo").arg(&path).status().unwrap().success());
+        let found = std::thread::scope(|scope| {
+            let (sent, received) = std::sync::mpsc::channel();
+            let dir = dir.path().to_path_buf();
+            scope.spawn(move || sent.send(reason(&dir)));
+            let found = received.recv_timeout(Duration::from_secs(10));
+            if found.is_err() {
+                // Free the reader, so that the scope can end and fail.
+                drop(std::fs::OpenOptions::new().write(true).open(&path));
+            }
+            found
+        });
+        assert_eq!(
+            found.expect("the pipe was opened and waited on"),
+            format!("failed to read {}: it is a named pipe, not a file", path.display())
+        );
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn a_config_named_is_a_file_of_at_most_1_mib() {
+        let reason = |path: &Path| Config::discover(Some(path), Path::new(".")).unwrap_err().to_string();
+        assert_eq!(
+            reason(Path::new("/dev/zero")),
+            "failed to read /dev/zero: it is a character device, not a file"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("big.toml");
+        std::fs::write(&path, format!("# {}\n", "x".repeat(MAX_FILE_BYTES))).unwrap();
+        assert_eq!(
+            reason(&path),
+            format!("failed to read {}: it is 1048579 bytes, more than the 1 MiB read", path.display())
+        );
+        std::fs::write(&path, format!("# {}\nmax_tool_use_concurrency = 3\n", "x".repeat(1000))).unwrap();
+        assert_eq!(Config::load(&path).unwrap().max_tool_use_concurrency, Some(3));
+    }
+
+    #[test]
+    #[cfg(unix)]
+    fn a_root_is_a_file_and_its_errors_name_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let reason = |name: &str| NetworkConfig::read_root(&dir.path().join(name)).unwrap_err().to_string();
+        let pipe = dir.path().join("fifo.pem");
+        assert!(std::process::Command::new("mkfifo").arg(&pipe).status().unwrap().success());
+        assert_eq!(
+            reason("fifo.pem"),
+            format!(
+                "invalid config [network] roots: failed to read {}: it is a named pipe, not a file",
+                pipe.display()
+            )
+        );
+        assert_eq!(
+            reason("nope.pem"),
+            format!(
+                "invalid config [network] roots: failed to read {}: No such file or directory (os error 2)",
+                dir.path().join("nope.pem").display()
+            )
+        );
+        std::fs::write(dir.path().join("ca.pem"), "PEM").unwrap();
+        assert_eq!(NetworkConfig::read_root(&dir.path().join("ca.pem")).unwrap(), b"PEM");
     }
 
     #[test]

@@ -2,7 +2,9 @@
 //! cache, the lock file, pulled plugins and golden fixtures, and the write
 //! of a report to whatever path a user named ([`write_to`]). Persisted
 //! results have their own, which never follows a link
-//! (`budget/persist.rs`).
+//! (`budget/persist.rs`). And the read of a file a user named
+//! ([`read_file_at_most`]): a regular file of bounded size, never a pipe or
+//! a device.
 
 use std::io::{self, Write as _};
 use std::path::{Path, PathBuf};
@@ -65,6 +67,75 @@ pub fn link_target(path: &Path) -> io::Result<PathBuf> {
         }
     }
     Err(io::Error::other("too many levels of symbolic links"))
+}
+
+/// The contents of the file at `path` (its links followed), when it is a
+/// regular file of at most `most` bytes. Anything else is refused before a
+/// byte is read, saying what it is: a named pipe would block the read until
+/// a writer came, and a device such as `/dev/zero` never ends. A file found
+/// larger than `most`, or grown past it while read, is refused naming its
+/// size.
+pub fn read_file_at_most(path: &Path, most: usize) -> io::Result<Vec<u8>> {
+    use std::io::Read as _;
+    let most_text = crate::limits::human_bytes(most);
+    let refuse = |metadata: &std::fs::Metadata| -> io::Result<()> {
+        if !metadata.is_file() {
+            let what = kind_of(metadata);
+            return Err(io::Error::new(io::ErrorKind::InvalidInput, format!("it is {what}, not a file")));
+        }
+        if metadata.len() > most as u64 {
+            let size = metadata.len();
+            return Err(io::Error::new(
+                io::ErrorKind::FileTooLarge,
+                format!("it is {size} bytes, more than the {most_text} read"),
+            ));
+        }
+        Ok(())
+    };
+    // Checked before the open, which would block on a named pipe; and on
+    // the opened file, in case another took its place meanwhile.
+    refuse(&std::fs::metadata(path)?)?;
+    let file = std::fs::File::open(path)?;
+    refuse(&file.metadata()?)?;
+    let mut contents = Vec::new();
+    file.take(most as u64 + 1).read_to_end(&mut contents)?;
+    if contents.len() > most {
+        return Err(io::Error::new(
+            io::ErrorKind::FileTooLarge,
+            format!("it grew past the {most_text} read while it was read"),
+        ));
+    }
+    Ok(contents)
+}
+
+/// What a file that is not a regular file is, as an error names it.
+fn kind_of(metadata: &std::fs::Metadata) -> &'static str {
+    let kind = metadata.file_type();
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt as _;
+        if kind.is_fifo() {
+            return "a named pipe";
+        }
+        if kind.is_socket() {
+            return "a socket";
+        }
+        if kind.is_char_device() {
+            return "a character device";
+        }
+        if kind.is_block_device() {
+            return "a block device";
+        }
+    }
+    if kind.is_dir() {
+        "a directory"
+    } else if kind.is_symlink() {
+        "a symbolic link"
+    } else if kind.is_file() {
+        "a file"
+    } else {
+        "neither a file nor a directory"
+    }
 }
 
 /// [`write_atomically`] without the sync: running readers still see the old
