@@ -73,6 +73,90 @@ pub fn workspace_relative(cwd: &str, path: &str) -> String {
     }
 }
 
+/// The most links [`resolve_links`] follows for one subject: more than the
+/// sandbox follows for one path (cap-std's 40), so that a name the sandbox
+/// can open is followed to its end.
+const MAX_LINKS: usize = 64;
+
+/// One step of a path still to resolve.
+enum Step {
+    Name(std::ffi::OsString),
+    Up,
+}
+
+/// The name a path subject (as [`workspace_relative`] names one) has once the
+/// symbolic links of the workspace at `root` on the host are followed, as
+/// the sandbox follows them, through the part of the path that exists:
+/// `secrets/k.txt` for `pub/k.txt` where `pub` is a link to `secrets`. `None`
+/// when that is the subject itself: no link on the way, a subject outside
+/// the workspace (absolute), or a link the sandbox does not follow (to an
+/// absolute target, out of the workspace, or past the links it follows for
+/// one path), through which the call cannot open anything. One `readlink`
+/// for each part of the path that exists, and one more for the first that
+/// does not.
+pub fn resolve_links(root: &Path, subject: &str) -> Option<String> {
+    if subject.starts_with('/') {
+        return None;
+    }
+    let steps = |path: &Path| -> Option<Vec<Step>> {
+        let mut steps = Vec::new();
+        for part in path.components().rev() {
+            match part {
+                Component::Normal(name) => steps.push(Step::Name(name.to_owned())),
+                Component::ParentDir => steps.push(Step::Up),
+                Component::CurDir => {}
+                Component::RootDir | Component::Prefix(_) => return None,
+            }
+        }
+        Some(steps)
+    };
+    let mut pending = steps(Path::new(subject))?;
+    let mut real: Vec<std::ffi::OsString> = Vec::new();
+    let mut host = root.to_path_buf();
+    let mut links = 0;
+    let mut exists = true;
+    while let Some(step) = pending.pop() {
+        let name = match step {
+            // Above the workspace: the sandbox refuses the path.
+            Step::Up => {
+                real.pop()?;
+                host.pop();
+                continue;
+            }
+            Step::Name(name) if !exists => {
+                real.push(name);
+                continue;
+            }
+            Step::Name(name) => name,
+        };
+        host.push(&name);
+        match std::fs::read_link(&host) {
+            Ok(target) => {
+                links += 1;
+                if links > MAX_LINKS {
+                    return None;
+                }
+                host.pop();
+                pending.extend(steps(&target)?);
+            }
+            // There, and not a link.
+            Err(error) if error.kind() == std::io::ErrorKind::InvalidInput => real.push(name),
+            // Not there (or not to be read): the rest is as named.
+            Err(_) => {
+                host.pop();
+                real.push(name);
+                exists = false;
+            }
+        }
+    }
+    let resolved = if real.is_empty() {
+        ".".to_owned()
+    } else {
+        real.iter().map(|part| part.to_string_lossy()).collect::<Vec<_>>().join("/")
+    };
+    (resolved != subject).then_some(resolved)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -90,5 +174,38 @@ mod tests {
         assert_eq!(workspace_relative("/workspace", "../../etc/passwd"), "/etc/passwd");
         assert_eq!(workspace_relative("/workspace/a", "/workspace/b/c"), "b/c");
         assert_eq!(workspace_relative("/workspace", "/workspacex/y"), "/workspacex/y");
+    }
+
+    #[test]
+    fn links_inside_the_workspace_are_followed_where_the_path_exists() {
+        use std::os::unix::fs::symlink;
+        let root = tempfile::tempdir().unwrap();
+        let (root, outside) = (root.path().join("ws"), root.path().join("outside"));
+        std::fs::create_dir_all(root.join("secrets/deep")).unwrap();
+        std::fs::create_dir(&outside).unwrap();
+        std::fs::write(root.join("secrets/k.txt"), "k").unwrap();
+        symlink("secrets", root.join("pub")).unwrap();
+        symlink("../secrets/deep", root.join("secrets/down")).unwrap();
+        symlink("pub/down/..", root.join("chain")).unwrap();
+        symlink(".", root.join("here")).unwrap();
+        symlink("../outside", root.join("out")).unwrap();
+        symlink(&outside, root.join("absolute")).unwrap();
+        symlink("loop", root.join("loop")).unwrap();
+        let resolve = |subject: &str| resolve_links(&root, subject);
+        assert_eq!(resolve("pub/k.txt").as_deref(), Some("secrets/k.txt"));
+        assert_eq!(resolve("pub/new/file.txt").as_deref(), Some("secrets/new/file.txt"), "a missing tail");
+        assert_eq!(resolve("pub").as_deref(), Some("secrets"));
+        assert_eq!(resolve("pub/down/x").as_deref(), Some("secrets/deep/x"), "a link within a link");
+        assert_eq!(resolve("chain/k.txt").as_deref(), Some("secrets/k.txt"), "`..` after a link is physical");
+        assert_eq!(resolve("here/here/keel.toml").as_deref(), Some("keel.toml"));
+        assert_eq!(resolve("here").as_deref(), Some("."));
+        assert_eq!(resolve("./secrets/k.txt").as_deref(), Some("secrets/k.txt"), "normalized");
+        assert_eq!(resolve("secrets/k.txt"), None, "no link on the way");
+        assert_eq!(resolve("missing/pub/k.txt"), None, "nothing is followed past what is missing");
+        assert_eq!(resolve("secrets/k.txt/x"), None);
+        assert_eq!(resolve("out/secret.txt"), None, "the sandbox follows no link out");
+        assert_eq!(resolve("absolute/secret.txt"), None, "nor a link to an absolute path");
+        assert_eq!(resolve("loop/x"), None, "nor a loop");
+        assert_eq!(resolve("/etc/passwd"), None, "outside the workspace already");
     }
 }

@@ -312,7 +312,7 @@ impl HostBuilder {
             plugins.push(Arc::new(plugin));
         }
         plugins.extend(self.preloaded);
-        let mut permissions = Permissions::new(self.config.permissions.clone());
+        let mut permissions = Permissions::new(self.config.permissions.clone()).in_workspace(&workspace);
         if let Some(prompter) = self.prompter {
             permissions = permissions.with_prompter(prompter);
         }

@@ -34,6 +34,19 @@
 //! pattern: a `deny` or `ask` rule with a pattern applies to it, an `allow`
 //! rule with a pattern does not.
 //!
+//! # Links
+//!
+//! A path subject names a file as the tool was asked for it, but the call
+//! opens it through the workspace's symbolic links: with `pub` a link to
+//! `secrets`, `pub/k.txt` is `secrets/k.txt`. In a host that knows its
+//! workspace ([`Permissions::in_workspace`]), a subject a pattern rule is
+//! matched against is also resolved through the links of its part that
+//! exists, inside the workspace only ([`crate::contract::resolve_links`]),
+//! and the call gets the stricter of the answers for its two names: a `deny`
+//! or `ask` rule takes it by either, and an `allow` holds only when both
+//! names are allowed. This costs a `readlink` per existing part of the path,
+//! and only calls whose tool a pattern rule names pay it.
+//!
 //! # Plugin namespaces
 //!
 //! The namespace of a tool is the part of its name before its first `__`
@@ -60,6 +73,7 @@
 //! at call time.
 
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
@@ -398,11 +412,19 @@ pub struct PendingCall<'a> {
     pub tool_asks: Option<String>,
 }
 
+/// The workspace on the host, as the rules see it.
+#[derive(Debug)]
+struct Workspace {
+    /// Its canonical path, where subjects' links are followed.
+    root: PathBuf,
+}
+
 /// The host's permission rules, its default, its mode, and who to ask.
 #[derive(Clone, Default)]
 pub struct Permissions {
     config: PermissionsConfig,
     prompter: Option<Arc<dyn Prompter>>,
+    workspace: Option<Arc<Workspace>>,
 }
 
 impl fmt::Debug for Permissions {
@@ -417,7 +439,16 @@ impl fmt::Debug for Permissions {
 impl Permissions {
     /// The rules of `config`, with no one to ask: an `ask` is a denial.
     pub fn new(config: PermissionsConfig) -> Self {
-        Permissions { config, prompter: None }
+        Permissions { config, prompter: None, workspace: None }
+    }
+
+    /// Match path subjects also by where the links of the workspace at
+    /// `root` (on the host) lead (see [Links](self#links)). Without it,
+    /// subjects are matched as the tools named them.
+    pub fn in_workspace(mut self, root: &Path) -> Self {
+        let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
+        self.workspace = Some(Arc::new(Workspace { root }));
+        self
     }
 
     /// Send `ask` decisions to `prompter`.
@@ -459,13 +490,55 @@ impl Permissions {
     /// (the prompter shows the subject). Otherwise the host does not ask the
     /// tool for it, which saves a guest call per call.
     pub fn wants_subject(&self, spec: &ToolSpec, tool_asks: bool) -> bool {
-        let pattern = self.lists().any(|(behavior, rules)| {
-            rules.iter().any(|rule| rule.has_pattern() && rule.names(spec, behavior))
-        });
+        let pattern = self.matches_subjects(spec);
         let may_ask = tool_asks
             || self.config.default == Behavior::Ask
             || self.config.ask.iter().any(|rule| rule.names(spec, Behavior::Ask));
         pattern || (self.prompter.is_some() && may_ask)
+    }
+
+    /// Whether a rule with a pattern names this tool, so that its subject
+    /// decides.
+    fn matches_subjects(&self, spec: &ToolSpec) -> bool {
+        self.lists().any(|(behavior, rules)| {
+            rules.iter().any(|rule| rule.has_pattern() && rule.names(spec, behavior))
+        })
+    }
+
+    /// The other name of `subject`, through the workspace's links, when it
+    /// has one and it matters: a pattern rule names the tool.
+    fn resolve(&self, spec: &ToolSpec, subject: Option<&str>) -> Option<String> {
+        let (workspace, subject) = (self.workspace.as_ref()?, subject?);
+        if !self.matches_subjects(spec) {
+            return None;
+        }
+        crate::contract::resolve_links(&workspace.root, subject)
+    }
+
+    /// The rules' answer for a call by both names of its subject, the one
+    /// the tool gave and the one its links lead to: the stricter of the two,
+    /// and whether it came from the second.
+    fn decide(
+        &self,
+        spec: &ToolSpec,
+        subject: Option<&str>,
+        resolved: Option<&str>,
+    ) -> (RuleDecision<'_>, bool) {
+        let named = self.rule_decision(spec, subject);
+        match resolved.map(|resolved| self.rule_decision(spec, Some(resolved))) {
+            // At the same answer, a rule says more than the default.
+            Some(linked)
+                if linked.behavior() > named.behavior()
+                    || (linked.behavior() == named.behavior()
+                        && matches!(
+                            (named, linked),
+                            (RuleDecision::Default(_), RuleDecision::Rule { .. })
+                        )) =>
+            {
+                (linked, true)
+            }
+            _ => (named, false),
+        }
     }
 
     /// The rules' answer for one call of `spec` whose permission subject is
@@ -486,7 +559,14 @@ impl Permissions {
     /// and the rules' wins; an `ask` goes to the prompter.
     pub async fn authorize(&self, call: PendingCall<'_>) -> Result<(), String> {
         let name = &call.spec.name;
-        let decision = self.rule_decision(call.spec, call.subject.as_deref());
+        let subject = call.subject.as_deref();
+        let resolved = self.resolve(call.spec, subject);
+        let (decision, by_link) = self.decide(call.spec, subject, resolved.as_deref());
+        // A decision made by where the subject's links lead says so.
+        let through = match (by_link, subject, &resolved) {
+            (true, Some(subject), Some(resolved)) => format!(" ({subject} leads to {resolved})"),
+            _ => String::new(),
+        };
         let tool_behavior = if call.tool_asks.is_some() { Behavior::Ask } else { Behavior::Allow };
         match decision.behavior().max(tool_behavior) {
             Behavior::Allow => Ok(()),
@@ -496,20 +576,20 @@ impl Permissions {
                      say what this call touches"
                 ),
                 RuleDecision::Rule { rule, .. } => {
-                    format!("Permission to use {name} denied: the rule `{rule}` forbids it")
+                    format!("Permission to use {name} denied: the rule `{rule}` forbids it{through}")
                 }
                 RuleDecision::Default(_) => {
-                    format!("Permission to use {name} denied: no permission rule allows it")
+                    format!("Permission to use {name} denied: no permission rule allows it{through}")
                 }
             }),
             Behavior::Ask => {
                 let mut reasons: Vec<String> = call.tool_asks.into_iter().collect();
                 match decision {
                     RuleDecision::Rule { behavior: Behavior::Ask, rule } => {
-                        reasons.push(format!("the rule `{rule}` asks for approval"));
+                        reasons.push(format!("the rule `{rule}` asks for approval{through}"));
                     }
                     RuleDecision::Default(Behavior::Ask) => {
-                        reasons.push("no permission rule allows it".into())
+                        reasons.push(format!("no permission rule allows it{through}"))
                     }
                     _ => {}
                 }

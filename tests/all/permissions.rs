@@ -409,3 +409,66 @@ fn a_prompter_that_can_ask_about_some_calls_only_is_a_person_for_those() {
         ]
     );
 }
+
+#[test]
+fn pattern_rules_hold_for_the_file_a_link_of_the_workspace_leads_to() {
+    let (workspace, builder) = host_with(
+        r#"[permissions]
+        allow = ["write_file(docs/**)", "write_file(rv/**)"]
+        ask = ["write_file(review/**)"]
+        deny = ["write_file(secrets/**)"]
+        default = "deny"
+        "#,
+    );
+    let root = workspace.path();
+    for dir in ["secrets", "docs", "src", "review"] {
+        std::fs::create_dir(root.join(dir)).unwrap();
+    }
+    std::fs::write(root.join("secrets/k.txt"), "inside secret").unwrap();
+    let link = |target: &str, at: &str| std::os::unix::fs::symlink(target, root.join(at)).unwrap();
+    link("secrets", "pub");
+    link("../secrets", "docs/s");
+    link("../src", "docs/code");
+    link("review", "rv");
+    let write =
+        |id: &str, path: &str| ToolUse::new(id, "write_file", json!({ "file_path": path, "content": "x" }));
+    let batch = [
+        write("direct", "secrets/k.txt"),
+        write("linked", "pub/k.txt"),
+        write("allowed_by_name_only", "docs/s/k.txt"),
+        write("allowed_by_name_led_nowhere_allowed", "docs/code/new.rs"),
+        write("asked_through_a_link", "rv/a.md"),
+        write("allowed", "docs/a.md"),
+    ];
+    let denied = "Permission to use write_file denied: ";
+    assert_eq!(
+        results(builder, &batch),
+        [
+            ToolResult::error("direct", format!("{denied}the rule `write_file(secrets/**)` forbids it")),
+            ToolResult::error(
+                "linked",
+                format!(
+                    "{denied}the rule `write_file(secrets/**)` forbids it (pub/k.txt leads to secrets/k.txt)"
+                )
+            ),
+            ToolResult::error(
+                "allowed_by_name_only",
+                format!(
+                    "{denied}the rule `write_file(secrets/**)` forbids it (docs/s/k.txt leads to secrets/k.txt)"
+                )
+            ),
+            ToolResult::error(
+                "allowed_by_name_led_nowhere_allowed",
+                format!("{denied}no permission rule allows it (docs/code/new.rs leads to src/new.rs)")
+            ),
+            ToolResult::error(
+                "asked_through_a_link",
+                "write_file requires approval, and no one can be asked in this run: the rule \
+                 `write_file(review/**)` asks for approval (rv/a.md leads to review/a.md)"
+            ),
+            ToolResult::ok("allowed", "Wrote 1 byte to docs/a.md"),
+        ]
+    );
+    assert_eq!(std::fs::read_to_string(root.join("secrets/k.txt")).unwrap(), "inside secret");
+    assert!(!root.join("src/new.rs").exists() && !root.join("review/a.md").exists());
+}
