@@ -3,11 +3,11 @@
 //!
 //! The host has one [`Prompter`], this one; it knows which calls came from a
 //! client that can ask its user, one that declared the elicitation
-//! capability. It asks with the tool, the subject and the reasons;
-//! accepting with `approve` runs the call, anything else denies it with the
-//! message a batch gives. A client that fails to answer, or answers what
-//! cannot be read, denies it too, saying so rather than speaking for its
-//! user.
+//! capability. It asks with the tool, the subject (or, for a tool that
+//! gives none, the input) and the reasons; accepting with `approve` runs
+//! the call, anything else denies it with the message a batch gives. A
+//! client that fails to answer, or answers what cannot be read, denies it
+//! too, saying so rather than speaking for its user.
 //! - Before 2026-07-28, the server sends the client `elicitation/create`
 //!   while the call waits, for at most [`ANSWER_WITHIN`]; then the question
 //!   is withdrawn (`notifications/cancelled`) and the call denied. A call
@@ -52,6 +52,11 @@ pub const APPROVAL_KEY: &str = "approval";
 /// the question is taken for unanswered (a client that shows no dialog, or
 /// lost it), and the calls behind it go on.
 pub const ANSWER_WITHIN: Duration = Duration::from_secs(60);
+
+/// The characters of a call's input a question shows, when its tool gives
+/// no subject: enough to tell two calls of one tool apart, while a
+/// ten-kilobyte input does not fill the dialog.
+const INPUT_SHOWN: usize = 200;
 
 /// The answer asked for: one box to tick.
 #[derive(Debug, Serialize, Deserialize, schemars::JsonSchema)]
@@ -137,21 +142,12 @@ fn state_of(request: &CallToolRequestParams) -> String {
     sha2::Sha256::digest(text.as_bytes()).iter().map(|byte| format!("{byte:02x}")).collect()
 }
 
-/// The approval a client's answer to the question gives.
+/// The approval a client's answer to the question gives, as sent in a
+/// retried call.
 fn approval_of(answer: &serde_json::Value) -> Approval {
     match serde_json::from_value::<ElicitResult>(answer.clone()) {
-        Ok(result) => match result.action {
-            ElicitationAction::Accept => match result.content.map(serde_json::from_value::<Confirm>) {
-                Some(Ok(Confirm { approve: true })) => Approval::Allow,
-                _ => Approval::Deny(None),
-            },
-            ElicitationAction::Cancel => Approval::Deny(Some("the user cancelled the request".into())),
-            // Declined, or an answer this version does not know: no.
-            _ => Approval::Deny(None),
-        },
-        Err(error) => {
-            Approval::Deny(Some(format!("the client's answer is not an elicitation result: {error}")))
-        }
+        Ok(result) => approval_of_result(result),
+        Err(error) => unreadable(&format!("it is not an elicitation result: {error}")),
     }
 }
 
@@ -219,13 +215,45 @@ impl ClientPrompter {
     }
 }
 
-/// What the user is shown: the tool, what it would touch, and why it asks.
+/// What the user is shown: the tool, what it would touch (or, for a tool
+/// that does not say, its input, as JSON, cut after [`INPUT_SHOWN`]
+/// characters), and why it asks. What the model wrote is shown escaped.
 pub fn question(request: &ApprovalRequest) -> String {
-    let subject = match &request.subject {
-        Some(subject) => format!(" on {subject}"),
-        None => String::new(),
+    let on = match &request.subject {
+        Some(subject) => format!(" on {}", escaped(subject)),
+        None => {
+            let input = request.input.to_string();
+            let input = escaped(&input);
+            match input.char_indices().nth(INPUT_SHOWN) {
+                Some((cut, _)) => format!(" with {}… ({} bytes)", &input[..cut], input.len()),
+                None => format!(" with {input}"),
+            }
+        }
     };
-    format!("Allow {}{subject}? {}.", request.tool, request.reasons.join("; "))
+    format!("Allow {}{on}? {}.", request.tool, request.reasons.join("; "))
+}
+
+/// `text` with each control character, and each that turns the direction
+/// of the text around it, written as Rust escapes it (`\u{202e}`): a name
+/// the model chose cannot break the question's lines or show itself
+/// reversed.
+fn escaped(text: &str) -> std::borrow::Cow<'_, str> {
+    let hidden = |c: char| {
+        c.is_control()
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(hidden) {
+        return text.into();
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if hidden(c) {
+            shown.extend(c.escape_unicode());
+        } else {
+            shown.push(c);
+        }
+    }
+    shown.into()
 }
 
 /// A question sent and not yet answered: withdrawn from the client if the
@@ -402,6 +430,16 @@ mod tests {
         }
     }
 
+    fn echo(input: Value) -> ApprovalRequest {
+        ApprovalRequest {
+            tool: "echo".into(),
+            input,
+            subject: None,
+            reasons: vec!["the rule `echo` asks for approval".into()],
+            ..write_file("")
+        }
+    }
+
     /// The approval within 10 s.
     async fn answered(asking: tokio::task::JoinHandle<Approval>) -> Approval {
         tokio::time::timeout(Duration::from_secs(10), asking).await.expect("answered within 10 s").unwrap()
@@ -473,5 +511,40 @@ mod tests {
             client.write(answer.clone()).await;
             assert_eq!(answered(asking).await, approval, "{answer}");
         }
+    }
+
+    #[test]
+    fn an_answer_sent_with_a_retried_call_that_cannot_be_read_says_so() {
+        assert_eq!(
+            approval_of(&json!({ "action": "accept", "content": { "approve": "yes" } })),
+            Approval::Deny(Some(
+                r#"the client's answer could not be read: invalid type: string "yes", expected a boolean"#
+                    .into()
+            ))
+        );
+        assert_eq!(
+            approval_of(&json!({ "action": "accept", "content": { "approve": false } })),
+            Approval::Deny(None)
+        );
+    }
+
+    #[test]
+    fn a_question_names_the_subject_or_else_shows_the_input_escaped_and_cut() {
+        assert_eq!(
+            question(&write_file("notes/a\nb.md")),
+            r"Allow write_file on notes/a\u{a}b.md? the rule `write_file` asks for approval."
+        );
+        assert_eq!(
+            question(&echo(json!({ "text": "A\u{1b}[2J\u{202e}B" }))),
+            r#"Allow echo with {"text":"A\u001b[2J\u{202e}B"}? the rule `echo` asks for approval."#
+        );
+        // 1,011 bytes of JSON: the first 200 characters are shown.
+        assert_eq!(
+            question(&echo(json!({ "text": "x".repeat(1000) }))),
+            format!(
+                r#"Allow echo with {{"text":"{}… (1011 bytes)? the rule `echo` asks for approval."#,
+                "x".repeat(191)
+            )
+        );
     }
 }
