@@ -44,13 +44,33 @@ pub const MAX_FILE_BYTES: usize = 1 << 20;
 /// of certificate authorities is about 200 KB.
 pub const MAX_ROOTS_FILE_BYTES: usize = 4 << 20;
 
+/// The largest `max_tool_use_concurrency`. The engine keeps at most 1,000
+/// sandboxes alive at once across all calls (`load/engine.rs`), each call in
+/// flight holding one, so more calls than that never run together; and the
+/// scheduler sums positions and twice the cap, which a cap near `usize::MAX`
+/// overflows.
+pub const MAX_TOOL_USE_CONCURRENCY: usize = 1_000;
+
+/// The largest `stack_kib`: 256 MiB, 256 times the default, far past any
+/// finite recursion of real work. The engine sets aside address space for a
+/// stack of this size in each of its 1,000 sandbox slots, so a larger one
+/// takes hundreds of gigabytes of it, and one near `usize::MAX` overflows.
+pub const MAX_STACK_KIB: usize = 256 << 10;
+
+/// The largest `table_elements`: ten million, a hundred times the default
+/// (real tools use a few hundred). The engine sets aside 8 bytes of address
+/// space per element in each of its 4,000 table slots: 320 GB at this bound,
+/// within any 64-bit host's, where a thousand times more is not.
+pub const MAX_TABLE_ELEMENTS: usize = 10_000_000;
+
 /// The parsed configuration.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, expecting = "a table of keel settings")]
 pub struct Config {
     /// Calls of one concurrency-safe run in flight at once; overrides
     /// `KEEL_MAX_TOOL_USE_CONCURRENCY`.
-    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
+    /// At most [`MAX_TOOL_USE_CONCURRENCY`].
+    #[serde(default, deserialize_with = "max_tool_use_concurrency")]
     pub max_tool_use_concurrency: Option<usize>,
     /// `[budget]`: overrides of the result budgets.
     #[serde(default)]
@@ -125,11 +145,11 @@ pub struct LimitsConfig {
     /// can address.
     #[serde(default, deserialize_with = "memory_mib")]
     pub memory_mib: Option<usize>,
-    /// Elements per table.
-    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
+    /// Elements per table: at most [`MAX_TABLE_ELEMENTS`].
+    #[serde(default, deserialize_with = "table_elements")]
     pub table_elements: Option<usize>,
-    /// WASM stack, in KiB.
-    #[serde(default, deserialize_with = "at_least::<1, _, _>")]
+    /// WASM stack, in KiB: at most [`MAX_STACK_KIB`].
+    #[serde(default, deserialize_with = "stack_kib")]
     pub stack_kib: Option<usize>,
     /// Fuel of a whole batch, all its calls together.
     #[serde(default, deserialize_with = "at_least::<1, _, _>")]
@@ -324,6 +344,56 @@ fn registries<'de, D: serde::Deserializer<'de>>(
         ))),
         None => Ok(entries),
     }
+}
+
+/// A whole number from 1 to `most`; `refusal` says why a larger one is
+/// refused, naming its key.
+fn at_most<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+    most: usize,
+    refusal: impl FnOnce() -> String,
+) -> std::result::Result<Option<usize>, D::Error> {
+    let value = at_least::<1, D, usize>(deserializer)?;
+    if value.is_some_and(|value| value > most) {
+        return Err(serde::de::Error::custom(refusal()));
+    }
+    Ok(value)
+}
+
+/// `max_tool_use_concurrency`: from 1 to [`MAX_TOOL_USE_CONCURRENCY`].
+fn max_tool_use_concurrency<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<usize>, D::Error> {
+    at_most(deserializer, MAX_TOOL_USE_CONCURRENCY, || {
+        format!(
+            "`max_tool_use_concurrency` is at most {MAX_TOOL_USE_CONCURRENCY}, the sandboxes alive at once: \
+             more calls never run together"
+        )
+    })
+}
+
+/// `[limits] stack_kib`: from 1 to [`MAX_STACK_KIB`].
+fn stack_kib<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<usize>, D::Error> {
+    at_most(deserializer, MAX_STACK_KIB, || {
+        format!(
+            "`limits.stack_kib` is at most {MAX_STACK_KIB} (256 MiB): the engine sets aside a stack of this \
+             size for each of its 1000 sandboxes"
+        )
+    })
+}
+
+/// `[limits] table_elements`: from 1 to [`MAX_TABLE_ELEMENTS`].
+fn table_elements<'de, D: serde::Deserializer<'de>>(
+    deserializer: D,
+) -> std::result::Result<Option<usize>, D::Error> {
+    at_most(deserializer, MAX_TABLE_ELEMENTS, || {
+        format!(
+            "`limits.table_elements` is at most {MAX_TABLE_ELEMENTS}: the engine sets aside room for this many \
+             elements in each of its 4000 tables"
+        )
+    })
 }
 
 /// `memory_mib`: from 1 to 4096.
@@ -570,6 +640,32 @@ mod tests {
         );
         std::fs::write(dir.path().join("ca.pem"), "PEM").unwrap();
         assert_eq!(NetworkConfig::read_root(&dir.path().join("ca.pem")).unwrap(), b"PEM");
+    }
+
+    #[test]
+    fn the_concurrency_cap_the_stack_and_tables_have_bounds_the_engine_can_carry() {
+        let reason = |text: &str| Config::parse(text, Path::new("keel.toml")).unwrap_err().to_string();
+        assert_eq!(
+            reason("max_tool_use_concurrency = 9223372036854775807\n"),
+            "invalid config keel.toml: `max_tool_use_concurrency` is at most 1000, the sandboxes alive at once: \
+             more calls never run together (line 1, column 28)"
+        );
+        assert_eq!(
+            reason("[limits]\nstack_kib = 9223372036854775807\n"),
+            "invalid config keel.toml: `limits.stack_kib` is at most 262144 (256 MiB): the engine sets aside a \
+             stack of this size for each of its 1000 sandboxes (line 2, column 13)"
+        );
+        assert_eq!(
+            reason("[limits]\ntable_elements = 9223372036854775807\n"),
+            "invalid config keel.toml: `limits.table_elements` is at most 10000000: the engine sets aside room \
+             for this many elements in each of its 4000 tables (line 2, column 18)"
+        );
+        let text =
+            "max_tool_use_concurrency = 1000\n[limits]\nstack_kib = 262144\ntable_elements = 10000000\n";
+        let config = Config::parse(text, Path::new("keel.toml")).unwrap();
+        let limits = config.limits.apply(Limits::default());
+        assert_eq!(config.max_tool_use_concurrency, Some(1000));
+        assert_eq!((limits.stack, limits.table_elements), (256 << 20, 10_000_000));
     }
 
     #[test]
