@@ -410,9 +410,119 @@ fn memory_mib<'de, D: serde::Deserializer<'de>>(
 }
 
 /// `text` read as TOML; on failure, what is wrong and where: `unknown field
-/// \`feul\` … (line 2, column 1)`.
+/// \`feul\` … (line 2, column 1)`. A value of the wrong type is named by its
+/// key, and a key or table given twice by its whole name.
 pub fn read_toml<T: serde::de::DeserializeOwned>(text: &str) -> std::result::Result<T, String> {
-    toml::from_str(text).map_err(|error| error.message().to_string() + &location(text, error.span()))
+    read_toml_checked(text, |_, _| Ok(()))
+}
+
+/// [`read_toml`], with `check` looking at the document (and its text)
+/// before it is read into a `T`.
+fn read_toml_checked<T: serde::de::DeserializeOwned>(
+    text: &str,
+    check: impl FnOnce(&toml::de::DeTable<'_>, &str) -> std::result::Result<(), String>,
+) -> std::result::Result<T, String> {
+    let document = toml::de::DeTable::parse(text).map_err(|error| described(text, &error))?;
+    check(document.get_ref(), text)?;
+    T::deserialize(toml::de::Deserializer::from(document)).map_err(|error| described(text, &error))
+}
+
+/// A TOML error as a config error says it, ending with where it is.
+/// serde's and toml's own words name a Rust type (`expected f64`) and no key
+/// (`invalid type: …`, `duplicate key`): here the key is named, and the type
+/// as the file writes it.
+fn described(text: &str, error: &toml::de::Error) -> String {
+    let message = error.message();
+    let said = match error.span() {
+        Some(span) if message == "duplicate key" => duplicate(text, span),
+        // Unless it says which table it expected, naming it already.
+        _ if (message.starts_with("invalid type: ") || message.starts_with("invalid value: "))
+            && !message.contains("`[") =>
+        {
+            let message = plain_type(message);
+            match key_of(error) {
+                Some(key) => format!("`{key}`: {message}"),
+                None => message,
+            }
+        }
+        _ => message.to_owned(),
+    };
+    said + &location(text, error.span())
+}
+
+/// The dotted name of the key whose value `error` is about, such as
+/// `budget.per_message_chars`. toml keeps it to itself, and shows it only
+/// in its own rendering of an error made without the document's text.
+fn key_of(error: &toml::de::Error) -> Option<String> {
+    let rendered = error.to_string();
+    let key = rendered.strip_prefix(error.message())?.strip_prefix("\nin `")?.strip_suffix("`\n")?;
+    Some(key.to_owned())
+}
+
+/// `message` with serde's name of a Rust number type as the file writes
+/// the value: `expected f64` becomes `expected a number`.
+fn plain_type(message: &str) -> String {
+    let Some((head, expected)) = message.rsplit_once(", expected ") else { return message.to_owned() };
+    let plain = match expected {
+        "f32" | "f64" => "a number",
+        "u8" | "u16" | "u32" | "u64" | "u128" | "usize" | "i8" | "i16" | "i32" | "i64" | "i128" | "isize" => {
+            "a whole number"
+        }
+        _ => return message.to_owned(),
+    };
+    format!("{head}, expected {plain}")
+}
+
+/// What toml's `duplicate key` at `span` is: `duplicate table \`[limits]\``
+/// when a table header names it again, else `duplicate key \`limits.fuel\``.
+/// The whole name is that of the first key written as it is, found in
+/// the document as toml reads it despite the error.
+fn duplicate(text: &str, span: std::ops::Range<usize>) -> String {
+    let written = text.get(span.clone()).unwrap_or_default();
+    let (document, _) = toml::de::DeTable::parse_recoverable(text);
+    let mut first = None;
+    first_key(document.get_ref(), text, written, span.start, &mut Vec::new(), &mut first);
+    let name = first.map_or_else(|| written.to_owned(), |(_, path)| path.join("."));
+    let line = &text[text[..span.start].rfind('\n').map_or(0, |at| at + 1)..];
+    if line.trim_start().starts_with('[') {
+        format!("duplicate table `[{name}]`")
+    } else {
+        format!("duplicate key `{name}`")
+    }
+}
+
+/// The key of `table` (and of the tables in it) written as `written` that
+/// starts last at or before `before`, with its path, kept in `first`.
+fn first_key(
+    table: &toml::de::DeTable<'_>,
+    text: &str,
+    written: &str,
+    before: usize,
+    path: &mut Vec<String>,
+    first: &mut Option<(usize, Vec<String>)>,
+) {
+    for (key, value) in table.iter() {
+        path.push(key.get_ref().to_string());
+        let start = key.span().start;
+        if start <= before
+            && text.get(key.span()) == Some(written)
+            && first.as_ref().is_none_or(|(found, _)| *found < start)
+        {
+            *first = Some((start, path.clone()));
+        }
+        match value.get_ref() {
+            toml::de::DeValue::Table(inner) => first_key(inner, text, written, before, path, first),
+            toml::de::DeValue::Array(items) => {
+                for item in items.iter() {
+                    if let toml::de::DeValue::Table(inner) = item.get_ref() {
+                        first_key(inner, text, written, before, path, first);
+                    }
+                }
+            }
+            _ => {}
+        }
+        path.pop();
+    }
 }
 
 /// ` at line L, column C` for a span of `text`.
@@ -458,7 +568,8 @@ mod tests {
         );
         assert_eq!(
             reason("[limits]\nfuel = 1.5\n"),
-            "invalid config keel.toml: invalid type: floating point `1.5`, expected a whole number (line 2, column 8)"
+            "invalid config keel.toml: `limits.fuel`: invalid type: floating point `1.5`, expected a whole number \
+             (line 2, column 8)"
         );
         assert_eq!(
             reason("[limits]\nmemory_mib = 4097\n"),
@@ -486,8 +597,8 @@ mod tests {
         );
         assert_eq!(
             reason("[cache]\nmax_size_mib = 0.5\n"),
-            "invalid config conf/keel.toml: invalid type: floating point `0.5`, expected a whole number \
-             (line 2, column 16)"
+            "invalid config conf/keel.toml: `cache.max_size_mib`: invalid type: floating point `0.5`, expected a \
+             whole number (line 2, column 16)"
         );
         let config = Config::parse("[cache]\nmax_size_mib = 1\n", Path::new("keel.toml")).unwrap();
         assert_eq!(config.cache.max_size_mib, std::num::NonZeroU64::new(1));
@@ -549,8 +660,8 @@ mod tests {
         );
         assert_eq!(
             reason("[plugins.echo]\ndirs = [\"data:ro\"]\n"),
-            "invalid config keel.toml: invalid type: string \"data:ro\", expected a table of `path`, `mount` \
-             and optionally `access`, such as `{ path = \"data\", mount = \"/data\" }` (line 2, column 9)"
+            "invalid config keel.toml: `plugins.echo.dirs`: invalid type: string \"data:ro\", expected a table \
+             of `path`, `mount` and optionally `access`, such as `{ path = \"data\", mount = \"/data\" }` (line 2, column 9)"
         );
     }
 
@@ -666,6 +777,33 @@ mod tests {
         let limits = config.limits.apply(Limits::default());
         assert_eq!(config.max_tool_use_concurrency, Some(1000));
         assert_eq!((limits.stack, limits.table_elements), (256 << 20, 10_000_000));
+    }
+
+    #[test]
+    fn a_key_or_table_given_twice_and_a_budget_of_the_wrong_type_are_named() {
+        let reason = |text: &str| Config::parse(text, Path::new("keel.toml")).unwrap_err().to_string();
+        assert_eq!(
+            reason("[limits]\nfuel = 5\n[limits]\nfuel = 6\n"),
+            "invalid config keel.toml: duplicate table `[limits]` (line 3, column 2)"
+        );
+        assert_eq!(
+            reason("[limits]\nfuel = 5\nfuel = 6\n"),
+            "invalid config keel.toml: duplicate key `limits.fuel` (line 3, column 1)"
+        );
+        assert_eq!(
+            reason("[plugins.\"acme_*\"]\nenv = []\n[cache]\n[plugins.\"acme_*\"]\n"),
+            "invalid config keel.toml: duplicate table `[plugins.acme_*]` (line 4, column 10)"
+        );
+        assert_eq!(
+            reason("[budget]\nper_message_chars = \"x\"\n"),
+            "invalid config keel.toml: `budget.per_message_chars`: invalid type: string \"x\", expected a number \
+             (line 2, column 21)"
+        );
+        assert_eq!(
+            reason("[budget.tools]\ngrep = true\n"),
+            "invalid config keel.toml: `budget.tools.grep`: invalid type: boolean `true`, expected a number \
+             (line 2, column 8)"
+        );
     }
 
     #[test]
