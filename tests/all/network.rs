@@ -508,6 +508,8 @@ fn two_write_server(body: &'static str, tls: bool, connections: usize) -> (std::
 struct Seen {
     /// The connections it took.
     connections: std::sync::atomic::AtomicUsize,
+    /// Of those over TLS, the ones whose client resumed an earlier session.
+    resumed: std::sync::atomic::AtomicUsize,
     /// For each request after a connection's first, how long after the
     /// last write of the response before it the request had come in whole.
     gaps: std::sync::Mutex<Vec<Duration>>,
@@ -516,6 +518,10 @@ struct Seen {
 impl Seen {
     fn connections(&self) -> usize {
         self.connections.load(std::sync::atomic::Ordering::SeqCst)
+    }
+
+    fn resumed(&self) -> usize {
+        self.resumed.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -544,7 +550,15 @@ fn pieces_server(
             let (config, seen) = (config.clone(), server_seen.clone());
             std::thread::spawn(move || {
                 let mut stream: Box<dyn Stream> = if tls {
-                    let server = rustls::ServerConnection::new(config).unwrap();
+                    let (mut server, mut tcp) = (rustls::ServerConnection::new(config).unwrap(), tcp);
+                    while server.is_handshaking() {
+                        if server.complete_io(&mut tcp).is_err() {
+                            return;
+                        }
+                    }
+                    if server.handshake_kind() == Some(rustls::HandshakeKind::Resumed) {
+                        seen.resumed.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    }
                     Box::new(rustls::StreamOwned::new(server, tcp))
                 } else {
                     Box::new(tcp)
@@ -616,6 +630,21 @@ fn a_new_tls_connection_does_not_wait_on_delayed_acknowledgements() {
     // The first request after each handshake would wait 40 ms for the
     // kernel's delayed acknowledgement of the response's head: 200 ms in all.
     assert!(took < std::time::Duration::from_millis(120), "5 calls took {took:?}");
+}
+
+#[test]
+fn a_call_resumes_no_tls_session_of_an_earlier_call() {
+    let workspace = tempfile::tempdir().unwrap();
+    let (addr, seen) = two_write_server("one call's answer", true, 3);
+    let url = format!("https://{addr}/");
+    let host = host(workspace.path(), &(test_ca_trusted() + &grant(&[format!("https://{addr}")], "")));
+    for _ in 0..3 {
+        let (entries, _, _) = call(&host, json!({ "requests": [get(&url)] }));
+        assert_eq!(status(&entries[0]), Some(200), "{}", entries[0]);
+    }
+    assert_eq!(seen.connections(), 3);
+    // A resumed session would tell the server the calls are one client's.
+    assert_eq!(seen.resumed(), 0, "each call's handshake is a full one");
 }
 
 #[test]

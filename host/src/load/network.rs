@@ -432,6 +432,11 @@ impl TlsRoots {
             .with_no_client_auth();
         // HTTP/2 when the server offers it, else HTTP/1.1.
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        // No session outlives the call that made it: this set-up is every
+        // call's, of every plugin, and a session one call resumed would
+        // tell a server that the two calls are one client's. Within a call
+        // a connection is kept open for its later requests instead.
+        config.resumption = rustls::client::Resumption::disabled();
         TlsRoots(Arc::new(config))
     }
 
