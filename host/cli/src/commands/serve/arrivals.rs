@@ -30,12 +30,15 @@
 //! in flight (the server's `stopping` token); at the end of the input they
 //! run to their ends, each within its deadline, as a client that writes its
 //! requests and closes its input (`keel serve < requests`) still reads
-//! their replies.
+//! their replies. A request the server sent the client (an approval
+//! question) and the client has not answered by then, or one sent after,
+//! can be answered no more: it is answered here, with an error saying the
+//! input ended, so that the call waiting on it goes on, denied.
 //!
 //! [`Arrival`]: keel_host::Arrival
 
 use std::borrow::Cow;
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::future::Ready;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -44,7 +47,10 @@ use std::task::{Context, Poll, Waker};
 
 use futures::future::Either;
 use rmcp::RoleServer;
-use rmcp::model::{ClientNotification, ClientRequest, ErrorData, JsonRpcMessage, JsonRpcRequest, RequestId};
+use rmcp::model::{
+    ClientNotification, ClientRequest, ErrorCode, ErrorData, JsonRpcMessage, JsonRpcNotification,
+    JsonRpcRequest, RequestId, ServerNotification,
+};
 use rmcp::service::{RxJsonRpcMessage, TxJsonRpcMessage};
 use rmcp::transport::Transport;
 use tokio::sync::Notify;
@@ -102,6 +108,10 @@ struct Ledger {
     unwritten: AtomicUsize,
     /// Woken as one of them is written (or dropped).
     written: Notify,
+    /// The server's requests to the client not yet answered or withdrawn.
+    asked: Mutex<HashSet<RequestId>>,
+    /// Woken as the server sends the client a request.
+    asking: Notify,
 }
 
 impl Ledger {
@@ -124,6 +134,34 @@ impl Ledger {
             }
             self.settled.notified().await;
         }
+    }
+
+    /// Note a message the server sends: a request to the client awaits its
+    /// answer, a cancellation of one withdraws it.
+    fn sending(&self, message: &TxJsonRpcMessage<RoleServer>) {
+        match message {
+            JsonRpcMessage::Request(request) => {
+                self.asked.lock().unwrap_or_else(PoisonError::into_inner).insert(request.id.clone());
+                self.asking.notify_one();
+            }
+            JsonRpcMessage::Notification(JsonRpcNotification {
+                notification: ServerNotification::CancelledNotification(cancel),
+                ..
+            }) => {
+                if let Some(id) = &cancel.params.request_id {
+                    self.asked.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// One of the server's requests not yet answered, no longer awaited.
+    fn unanswered_ask(&self) -> Option<RequestId> {
+        let mut asked = self.asked.lock().unwrap_or_else(PoisonError::into_inner);
+        let id = asked.iter().next()?.clone();
+        asked.remove(&id);
+        Some(id)
     }
 
     /// Once at most [`MAX_UNWRITTEN`] messages wait to be written.
@@ -174,6 +212,7 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
         &mut self,
         item: TxJsonRpcMessage<RoleServer>,
     ) -> impl Future<Output = Result<(), Self::Error>> + Send + 'static {
+        self.ledger.sending(&item);
         if let JsonRpcMessage::Response(rmcp::model::JsonRpcResponse { id, .. })
         | JsonRpcMessage::Error(rmcp::model::JsonRpcError { id: Some(id), .. }) = &item
             && self.ledger.answered(id)
@@ -211,8 +250,18 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
             }
             if self.ending || self.stopping.is_cancelled() {
                 self.ending = true;
-                self.ledger.settled().await;
-                return None;
+                // The client can answer no request now, whether the server
+                // sent it before the end or after: each gets the answer of
+                // a client that failed to give one.
+                if let Some(id) = self.ledger.unanswered_ask() {
+                    tracing::debug!(%id, "the input ended before the client answered the request");
+                    let error = ErrorData::new(ErrorCode::INTERNAL_ERROR, "its input ended", None);
+                    return Some(JsonRpcMessage::error(error, Some(id)));
+                }
+                tokio::select! {
+                    () = self.ledger.settled() => return None,
+                    () = self.ledger.asking.notified() => continue,
+                }
             }
             let (inner, lane, ledger) = (&mut self.inner, &self.lane, &self.ledger);
             let read = tokio::select! {
@@ -240,7 +289,8 @@ impl<T: Transport<RoleServer>> Transport<RoleServer> for Arrivals<T> {
 
 impl<T: Transport<RoleServer>> Arrivals<T> {
     /// `message`, just read, as rmcp is to have it: a request noted as
-    /// unanswered (a `tools/call` stamped with its arrival), or `None` when
+    /// unanswered (a `tools/call` stamped with its arrival), an answer to a
+    /// request of the server's noted as given, or `None` when
     /// it was dealt with here: a request reusing an id in use, refused; the
     /// cancellation of a request not yet answered, which cancels it; the
     /// stand-in for a request whose id cannot be read, answered without one.
@@ -250,6 +300,10 @@ impl<T: Transport<RoleServer>> Arrivals<T> {
     ) -> Option<RxJsonRpcMessage<RoleServer>> {
         let cancelled = CancellationToken::new();
         match &message {
+            JsonRpcMessage::Response(rmcp::model::JsonRpcResponse { id, .. })
+            | JsonRpcMessage::Error(rmcp::model::JsonRpcError { id: Some(id), .. }) => {
+                self.ledger.asked.lock().unwrap_or_else(PoisonError::into_inner).remove(id);
+            }
             JsonRpcMessage::Request(JsonRpcRequest { id, .. }) => {
                 let fresh = {
                     let mut unanswered =
