@@ -63,6 +63,11 @@ pub const MAX_STACK_KIB: usize = 256 << 10;
 /// within any 64-bit host's, where a thousand times more is not.
 pub const MAX_TABLE_ELEMENTS: usize = 10_000_000;
 
+/// The longest permission rule, in bytes: a path is at most 4 KiB, and a
+/// pattern of hundreds of kilobytes makes a matcher larger than the glob
+/// compiler builds.
+pub const MAX_RULE_BYTES: usize = 4 << 10;
+
 /// The parsed configuration.
 #[derive(Clone, Debug, Default, Deserialize, PartialEq)]
 #[serde(deny_unknown_fields, expecting = "a table of keel settings")]
@@ -221,7 +226,8 @@ impl LimitsConfig {
 impl Config {
     /// Parse configuration text; `origin` names it in errors.
     pub fn parse(text: &str, origin: &Path) -> Result<Self> {
-        read_toml(text).map_err(|reason| Error::Config { path: origin.to_path_buf(), reason })
+        read_toml_checked(text, rule_lengths)
+            .map_err(|reason| Error::Config { path: origin.to_path_buf(), reason })
     }
 
     /// Read `path`: a regular file of at most [`MAX_FILE_BYTES`], else an
@@ -525,6 +531,36 @@ fn first_key(
     }
 }
 
+/// Every rule of `[permissions]` is at most [`MAX_RULE_BYTES`], checked
+/// before any is compiled: the glob compiler panics on a pattern whose
+/// matcher would pass its size limit.
+fn rule_lengths(document: &toml::de::DeTable<'_>, text: &str) -> std::result::Result<(), String> {
+    use toml::de::DeValue;
+    let section = document.iter().find(|(key, _)| key.get_ref() == "permissions");
+    let Some((_, section)) = section else { return Ok(()) };
+    let DeValue::Table(section) = section.get_ref() else { return Ok(()) };
+    for (list, rules) in section.iter() {
+        let DeValue::Array(rules) = rules.get_ref() else { continue };
+        for rule in rules.iter() {
+            if let DeValue::String(written) = rule.get_ref()
+                && written.len() > MAX_RULE_BYTES
+            {
+                let list = list.get_ref();
+                let shown = match written.char_indices().nth(80) {
+                    Some((cut, _)) => format!("{:?}… ({} bytes)", &written[..cut], written.len()),
+                    None => format!("{written:?}"),
+                };
+                return Err(format!(
+                    "`permissions.{list}`: invalid permission rule {shown}: a rule is at most {MAX_RULE_BYTES} \
+                     bytes{}",
+                    location(text, Some(rule.span()))
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// ` at line L, column C` for a span of `text`.
 fn location(text: &str, span: Option<std::ops::Range<usize>>) -> String {
     let Some(span) = span else { return String::new() };
@@ -804,6 +840,23 @@ mod tests {
             "invalid config keel.toml: `budget.tools.grep`: invalid type: boolean `true`, expected a number \
              (line 2, column 8)"
         );
+    }
+
+    #[test]
+    fn a_permission_rule_is_at_most_4_kib() {
+        let rule = format!("echo({})", "a".repeat(500_000));
+        let text = format!("[permissions]\nallow = [\"grep\"]\ndeny = [\"{rule}\"]\n");
+        assert_eq!(
+            Config::parse(&text, Path::new("keel.toml")).unwrap_err().to_string(),
+            format!(
+                "invalid config keel.toml: `permissions.deny`: invalid permission rule {:?}… (500006 bytes): a rule \
+                 is at most 4096 bytes (line 3, column 9)",
+                &rule[..80]
+            )
+        );
+        let rule = format!("echo({})", "?".repeat(MAX_RULE_BYTES - 6));
+        let config = Config::parse(&format!("[permissions]\ndeny = [\"{rule}\"]\n"), Path::new("keel.toml"));
+        assert_eq!(config.unwrap().permissions.deny.len(), 1);
     }
 
     #[test]
