@@ -60,7 +60,9 @@ const HAND_OVER_AFTER: Duration = Duration::from_millis(1);
 /// Calls planned ahead of the first not yet started, under `cap`: see
 /// [`MIN_PLANNING_WINDOW`].
 pub(crate) fn planning_window(cap: usize) -> usize {
-    (2 * cap.max(1)).max(MIN_PLANNING_WINDOW)
+    // Saturating: a cap an embedder or the environment sets past what
+    // `keel.toml` takes must not overflow.
+    cap.max(1).saturating_mul(2).max(MIN_PLANNING_WINDOW)
 }
 
 /// The concurrency cap: `configured` when set and positive, else
@@ -737,7 +739,7 @@ impl State {
     /// once a chunk's worth of them has room (see [`PLANNING_CHUNK`]), or
     /// the rest of the batch.
     fn plan_ahead(&mut self, batch: &Batch) -> std::ops::Range<usize> {
-        let until = (self.next + batch.window).min(self.calls.len());
+        let until = self.next.saturating_add(batch.window).min(self.calls.len());
         if until < self.calls.len() && until < self.planning + PLANNING_CHUNK {
             return self.planning..self.planning;
         }
@@ -919,6 +921,12 @@ mod tests {
         assert_eq!(parse_cap(Some("-3")), 10);
         assert_eq!(parse_cap(Some("3")), 3);
         assert_eq!(parse_cap(Some(" 25 ")), 25);
+    }
+
+    #[test]
+    fn a_cap_past_what_keel_toml_takes_does_not_overflow_the_window() {
+        assert_eq!(planning_window(usize::MAX), usize::MAX);
+        assert_eq!(planning_window(parse_cap(Some("9223372036854775807"))), usize::MAX - 1);
     }
 
     #[test]
