@@ -86,7 +86,7 @@ impl Runtime {
             .consume_fuel(metered)
             .epoch_interruption(metered)
             .max_wasm_stack(limits.stack)
-            .async_stack_size(limits.stack + (1 << 20))
+            .async_stack_size(limits.stack.saturating_add(1 << 20))
             .concurrency_support(false)
             .allocation_strategy(InstanceAllocationStrategy::Pooling(pool));
         let engine = Engine::new(&config).map_err(|error| Error::Engine(format!("{error:#}")))?;
@@ -790,6 +790,12 @@ mod tests {
 
     fn component(answer: i32) -> Vec<u8> {
         wat::parse_str(format!("(component (core module (func (result i32) i32.const {answer})))")).unwrap()
+    }
+
+    #[test]
+    fn a_stack_no_engine_can_carry_is_an_error_not_an_overflow() {
+        let limits = Limits { stack: usize::MAX, ..Limits::default() };
+        assert!(Runtime::new(&limits, None).is_err());
     }
 
     #[test]
