@@ -17,10 +17,11 @@ use crate::events::summary::{DefaultSummarizer, Summarizer};
 use crate::limits::Limits;
 use crate::load::canary;
 use crate::load::engine::{Runtime, default_cache_dir};
+use crate::load::grants::Access;
 use crate::load::grants::Grants;
 use crate::load::lock::{LockedPlugin, Pins};
 use crate::load::plugin::{LoadReport, PluginTool, plugin_files};
-use crate::permissions::{Permissions, Prompter};
+use crate::permissions::{KeelFile, Permissions, Prompter};
 use crate::pool::builtin;
 use crate::pool::{PoolOptions, ToolPool};
 use crate::run::context;
@@ -56,6 +57,7 @@ pub struct HostBuilder {
     preloaded: Vec<Arc<dyn Tool>>,
     engine: Option<Arc<Runtime>>,
     pins: Option<Arc<Pins>>,
+    keel_files: Vec<(KeelFile, PathBuf)>,
 }
 
 /// The bundled roots and the PEM files of `[network] roots`, read relative
@@ -142,6 +144,16 @@ impl HostBuilder {
             Some(pins) => runtime.with_pins(pins.clone()),
             None => runtime,
         })
+    }
+
+    /// One of keel's own files, such as the configuration the host's config
+    /// was read from (or would be read from, if it is missing): no call may
+    /// name it, and a start where a plugin may write the configuration or
+    /// the lock file is warned of. The plugin paths and the compile cache
+    /// are counted without being named here.
+    pub fn keel_file(mut self, kind: KeelFile, path: impl Into<PathBuf>) -> Self {
+        self.keel_files.push((kind, path.into()));
+        self
     }
 
     /// Where compiled plugins are cached; `None` turns the cache off.
@@ -267,10 +279,14 @@ impl HostBuilder {
         };
 
         let mut builtins: Vec<Arc<dyn Tool>> = self.native;
+        let mut read = None;
         if self.builtins {
-            let read = builtin::Read::with_grant(&grants.for_tool("Read"))
-                .map_err(|error| Error::io("open workspace", &workspace, error))?;
-            builtins.push(Arc::new(read));
+            let tool: Arc<dyn Tool> = Arc::new(
+                builtin::Read::with_grant(&grants.for_tool("Read"))
+                    .map_err(|error| Error::io("open workspace", &workspace, error))?,
+            );
+            read = Some(tool.clone());
+            builtins.push(tool);
         }
         // Every plugin file in order, up to a path that cannot be listed: its
         // error counts only when no plugin before it fails to load.
@@ -312,10 +328,29 @@ impl HostBuilder {
             plugins.push(Arc::new(plugin));
         }
         plugins.extend(self.preloaded);
-        let mut permissions = Permissions::new(self.config.permissions.clone()).in_workspace(&workspace);
+        let mut keel_files = self.keel_files;
+        keel_files.extend(self.plugin_paths.iter().map(|path| (KeelFile::Plugins, path.clone())));
+        keel_files.extend(self.cache_dir.iter().map(|dir| (KeelFile::Cache, dir.clone())));
+        // Every call of these is read-only, held so by the sandbox: the
+        // plugins that fixed a read-only plan, and the built-in `Read`.
+        let read_only = |tool: &Arc<dyn Tool>| {
+            tool.always_read_only() || read.as_ref().is_some_and(|read| Arc::ptr_eq(read, tool))
+        };
+        let tools = || builtins.iter().chain(&plugins);
+        let writers: Vec<&str> =
+            tools().filter(|tool| !read_only(tool)).map(|tool| tool.spec().name.as_str()).collect();
+        let read_only_tools: Vec<String> = tools()
+            .map(|tool| tool.spec().name.as_str())
+            .filter(|name| !writers.contains(name))
+            .map(str::to_owned)
+            .collect();
+        let mut permissions = Permissions::new(self.config.permissions.clone())
+            .in_workspace(&workspace)
+            .guarding(keel_files.iter().cloned(), read_only_tools);
         if let Some(prompter) = self.prompter {
             permissions = permissions.with_prompter(prompter);
         }
+        let exposed = exposed_keel_files(&keel_files, &plugins, &grants, &workspace);
         let options = PoolOptions { permissions: Arc::new(permissions), tool_search: self.builtins };
         if let Err(error) = meta_schemas.await
             && error.is_panic()
@@ -334,6 +369,7 @@ impl HostBuilder {
             .collect();
         let (pool, mut warnings) = ToolPool::assemble_with(builtins, plugins, options)?;
         warnings.extend(ungranted);
+        warnings.extend(exposed);
         let session_dir = self.session_dir.unwrap_or_else(|| workspace.join(DEFAULT_SESSION_DIR));
         // Persisted outputs are shown by a path the model can open with
         // `Read`: relative to the workspace when the session lives in it.
@@ -370,6 +406,51 @@ impl HostBuilder {
             upkeep: std::sync::Mutex::new(upkeep),
         })
     }
+}
+
+/// A warning for each of keel's configuration and lock files that exists
+/// where a plugin may write (the workspace, or a directory granted it
+/// read-write), naming the plugins: a plugin can change either without
+/// naming it to the permission rules, and so what the next start grants.
+fn exposed_keel_files(
+    files: &[(KeelFile, PathBuf)],
+    plugins: &[Arc<dyn Tool>],
+    grants: &Grants,
+    workspace: &Path,
+) -> Vec<String> {
+    let mut warnings = Vec::new();
+    for (kind, path) in files {
+        if !matches!(kind, KeelFile::Config | KeelFile::Lock) || !path.is_file() {
+            continue;
+        }
+        let Ok(real) = path.canonicalize() else { continue };
+        let writers: Vec<&str> = plugins
+            .iter()
+            .filter(|tool| !tool.always_read_only())
+            .map(|tool| tool.spec().name.as_str())
+            .filter(|name| {
+                let grant = grants.for_tool(name);
+                (grant.workspace_access == Access::ReadWrite && real.starts_with(&grant.workspace))
+                    || grant
+                        .dirs
+                        .iter()
+                        .any(|dir| dir.access == Access::ReadWrite && real.starts_with(&dir.host))
+            })
+            .collect();
+        let Some((last, others)) = writers.split_last() else { continue };
+        let named = match others {
+            [] => format!("the plugin {last} may"),
+            others => format!("the plugins {} and {last} may", others.join(", ")),
+        };
+        let shown = real.strip_prefix(workspace).unwrap_or(&real).display();
+        warnings.push(format!(
+            "{shown}, {}, is where {named} write: keel refuses every call that names it, but a plugin that \
+             writes it all the same changes what keel does at its next start; keep it where no plugin may \
+             write",
+            kind.what()
+        ));
+    }
+    warnings
 }
 
 /// Check each plugin of `tools` against `pins`, and with `--locked` that
@@ -578,6 +659,7 @@ impl Host {
             preloaded: Vec::new(),
             engine: None,
             pins: None,
+            keel_files: Vec::new(),
         }
     }
 

@@ -45,7 +45,19 @@
 //! and the call gets the stricter of the answers for its two names: a `deny`
 //! or `ask` rule takes it by either, and an `allow` holds only when both
 //! names are allowed. This costs a `readlink` per existing part of the path,
-//! and only calls whose tool a pattern rule names pay it.
+//! and only calls whose tool a pattern rule names, or that keel's own files
+//! need guarding from, pay it.
+//!
+//! # keel's own files
+//!
+//! The configuration, the lock file, the plugins and the compile cache keel
+//! started with ([`KeelFile`]) decide what every tool may do at its next
+//! start. Where they lie in the workspace ([`Permissions::guarding`]), every
+//! call that names one of them, or a path inside a folder of them, by either
+//! name, is refused whatever the rules say, unless every call of its tool is
+//! read-only (the sandbox holds such a call to reading). A plugin that writes
+//! there without naming the path is seen by no rule: only keeping those files
+//! where no plugin may write stops it.
 //!
 //! # Plugin namespaces
 //!
@@ -307,6 +319,29 @@ impl<'de> Deserialize<'de> for Rule {
     }
 }
 
+/// `path` on the host, named as a subject names a path of the workspace at
+/// `root` (canonical): relative to it, `.` for the root, its links followed
+/// where it exists. `None` outside the workspace.
+fn subject_in(root: &Path, path: &Path) -> Option<String> {
+    let path = std::path::absolute(path).ok()?;
+    // The deepest part that exists, canonical, and the rest as named.
+    let mut rest = Vec::new();
+    let mut at = path.as_path();
+    let real = loop {
+        match at.canonicalize() {
+            Ok(real) => break real,
+            Err(_) => {
+                rest.push(at.file_name()?);
+                at = at.parent()?;
+            }
+        }
+    };
+    let full = rest.iter().rev().fold(real, |full, part| full.join(part));
+    let relative = full.strip_prefix(root).ok()?;
+    let parts: Vec<_> = relative.components().map(|part| part.as_os_str().to_string_lossy()).collect();
+    Some(if parts.is_empty() { ".".to_owned() } else { parts.join("/") })
+}
+
 /// Whether a rule of the list `behavior` may name `spec` by an alias: a
 /// `deny` rule may (an alias can only take calls away), and so may any rule
 /// of a built-in or native tool, whose aliases are the host's own. An
@@ -412,11 +447,71 @@ pub struct PendingCall<'a> {
     pub tool_asks: Option<String>,
 }
 
+/// One of keel's own files, read when keel starts: a call that changed it
+/// would change what keel lets every tool do from its next start.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeelFile {
+    /// The configuration (`keel.toml`): grants, rules and limits.
+    Config,
+    /// The lock file (`keel.lock`): the plugins keel may run.
+    Lock,
+    /// A plugin, or a folder keel loads every plugin of.
+    Plugins,
+    /// The compile cache: the native code keel runs for plugins.
+    Cache,
+}
+
+impl KeelFile {
+    /// What the file is, and why no call may change it.
+    fn said(self, folder: bool) -> &'static str {
+        match (self, folder) {
+            (KeelFile::Config, _) => "keel's configuration, which grants what every tool may do",
+            (KeelFile::Lock, _) => "keel's lock file, which pins the plugins keel runs",
+            (KeelFile::Plugins, true) => "a folder keel loads its plugins from",
+            (KeelFile::Plugins, false) => "a plugin keel loads",
+            (KeelFile::Cache, _) => "keel's compile cache, whose code keel runs",
+        }
+    }
+
+    /// What the file is, in a warning.
+    pub fn what(self) -> &'static str {
+        match self {
+            KeelFile::Config => "keel's configuration",
+            KeelFile::Lock => "keel's lock file",
+            KeelFile::Plugins => "a plugin keel loads",
+            KeelFile::Cache => "keel's compile cache",
+        }
+    }
+}
+
+/// One of keel's own files inside the workspace, named as a subject names it.
+#[derive(Clone, Debug)]
+struct Guarded {
+    subject: String,
+    kind: KeelFile,
+    folder: bool,
+}
+
+impl Guarded {
+    /// Whether `subject` is this file, or inside this folder.
+    fn covers(&self, subject: &str) -> bool {
+        subject == self.subject
+            || (self.folder
+                && (self.subject == "."
+                    || subject.strip_prefix(self.subject.as_str()).is_some_and(|rest| rest.starts_with('/'))))
+    }
+}
+
 /// The workspace on the host, as the rules see it.
-#[derive(Debug)]
+#[derive(Clone, Debug, Default)]
 struct Workspace {
     /// Its canonical path, where subjects' links are followed.
     root: PathBuf,
+    /// keel's own files inside it.
+    guarded: Vec<Guarded>,
+    /// Tools every call of which is read-only, sorted: they cannot change
+    /// keel's files, and are not asked for a subject to guard them.
+    read_only: Vec<String>,
 }
 
 /// The host's permission rules, its default, its mode, and who to ask.
@@ -447,7 +542,33 @@ impl Permissions {
     /// subjects are matched as the tools named them.
     pub fn in_workspace(mut self, root: &Path) -> Self {
         let root = root.canonicalize().unwrap_or_else(|_| root.to_path_buf());
-        self.workspace = Some(Arc::new(Workspace { root }));
+        self.workspace = Some(Arc::new(Workspace { root, ..Workspace::default() }));
+        self
+    }
+
+    /// Refuse every call that names one of keel's own `files` inside the
+    /// workspace, or a path inside one that is a folder, unless its tool is
+    /// one of `read_only_tools`, whose every call is read-only (see [keel's
+    /// own files](self#keels-own-files)). A file need not exist yet: one a
+    /// call creates is read at the next start all the same. Needs
+    /// [`Permissions::in_workspace`] first; files outside the workspace are
+    /// left to the grants.
+    pub fn guarding(
+        mut self,
+        files: impl IntoIterator<Item = (KeelFile, PathBuf)>,
+        read_only_tools: impl IntoIterator<Item = String>,
+    ) -> Self {
+        let Some(workspace) = &mut self.workspace else { return self };
+        let workspace = Arc::make_mut(workspace);
+        for (kind, path) in files {
+            if let Some(subject) = subject_in(&workspace.root, &path)
+                && !workspace.guarded.iter().any(|guarded| guarded.subject == subject)
+            {
+                workspace.guarded.push(Guarded { subject, kind, folder: path.is_dir() });
+            }
+        }
+        workspace.read_only.extend(read_only_tools);
+        workspace.read_only.sort();
         self
     }
 
@@ -494,7 +615,15 @@ impl Permissions {
         let may_ask = tool_asks
             || self.config.default == Behavior::Ask
             || self.config.ask.iter().any(|rule| rule.names(spec, Behavior::Ask));
-        pattern || (self.prompter.is_some() && may_ask)
+        pattern || (self.prompter.is_some() && may_ask) || self.guards(spec)
+    }
+
+    /// Whether calls of this tool are kept from keel's own files: some lie
+    /// in the workspace, and the tool's calls are not all read-only.
+    fn guards(&self, spec: &ToolSpec) -> bool {
+        self.workspace.as_ref().is_some_and(|workspace| {
+            !workspace.guarded.is_empty() && workspace.read_only.binary_search(&spec.name).is_err()
+        })
     }
 
     /// Whether a rule with a pattern names this tool, so that its subject
@@ -506,13 +635,39 @@ impl Permissions {
     }
 
     /// The other name of `subject`, through the workspace's links, when it
-    /// has one and it matters: a pattern rule names the tool.
+    /// has one and it matters: a pattern rule names the tool, or keel's own
+    /// files are guarded from it.
     fn resolve(&self, spec: &ToolSpec, subject: Option<&str>) -> Option<String> {
         let (workspace, subject) = (self.workspace.as_ref()?, subject?);
-        if !self.matches_subjects(spec) {
+        if !(self.guards(spec) || self.matches_subjects(spec)) {
             return None;
         }
         crate::contract::resolve_links(&workspace.root, subject)
+    }
+
+    /// The refusal of a call that names one of keel's own files, by its
+    /// subject or where its links lead.
+    fn guarded(&self, spec: &ToolSpec, subject: Option<&str>, resolved: Option<&str>) -> Option<String> {
+        if !self.guards(spec) {
+            return None;
+        }
+        let workspace = self.workspace.as_ref()?;
+        let subject = subject?;
+        let (named, guarded) = [Some(subject), resolved].into_iter().flatten().find_map(|named| {
+            workspace.guarded.iter().find(|guarded| guarded.covers(named)).map(|guarded| (named, guarded))
+        })?;
+        let place =
+            if named == guarded.subject { String::new() } else { format!("inside {}, ", guarded.subject) };
+        let what = guarded.kind.said(guarded.folder);
+        let said = if named == subject {
+            format!("{subject} is {place}{what}")
+        } else {
+            format!("{subject} leads to {named}, {place}{what}")
+        };
+        Some(format!(
+            "Permission to use {} denied: {said}; no call may change keel's own files, whatever the rules say",
+            spec.name
+        ))
     }
 
     /// The rules' answer for a call by both names of its subject, the one
@@ -561,6 +716,9 @@ impl Permissions {
         let name = &call.spec.name;
         let subject = call.subject.as_deref();
         let resolved = self.resolve(call.spec, subject);
+        if let Some(refusal) = self.guarded(call.spec, subject, resolved.as_deref()) {
+            return Err(refusal);
+        }
         let (decision, by_link) = self.decide(call.spec, subject, resolved.as_deref());
         // A decision made by where the subject's links lead says so.
         let through = match (by_link, subject, &resolved) {

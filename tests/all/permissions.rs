@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use keel_host::config::Config;
-use keel_host::permissions::{Approval, ApprovalRequest, Prompter};
+use keel_host::permissions::{Approval, ApprovalRequest, KeelFile, Prompter};
 use keel_host::{Event, Host, HostBuilder, ToolResult, ToolSpec, ToolUse};
 use serde_json::{Value, json};
 
@@ -471,4 +471,77 @@ fn pattern_rules_hold_for_the_file_a_link_of_the_workspace_leads_to() {
     );
     assert_eq!(std::fs::read_to_string(root.join("secrets/k.txt")).unwrap(), "inside secret");
     assert!(!root.join("src/new.rs").exists() && !root.join("review/a.md").exists());
+}
+
+#[test]
+fn no_call_may_name_keels_own_files_in_the_workspace_whatever_the_rules_say() {
+    let workspace = tempfile::tempdir().unwrap();
+    let root = workspace.path();
+    let config_text = "[permissions]\nallow = [\"write_file\", \"Read\"]\n";
+    std::fs::write(root.join("keel.toml"), config_text).unwrap();
+    std::fs::create_dir(root.join("plugins")).unwrap();
+    std::fs::copy(guest("keel_tool_write_file"), root.join("plugins/write_file.wasm")).unwrap();
+    std::os::unix::fs::symlink(".", root.join("cfg")).unwrap();
+    let builder = Host::builder()
+        .workspace(root)
+        .plugins(root.join("plugins"))
+        .cache_dir(Some(shared_cache()))
+        .config(Config::parse(config_text, "keel.toml".as_ref()).unwrap())
+        .keel_file(KeelFile::Config, root.join("keel.toml"))
+        .keel_file(KeelFile::Lock, root.join("keel.lock"));
+    let host = block_on(builder.build()).unwrap();
+    assert_eq!(
+        host.warnings(),
+        [
+            "keel.toml, keel's configuration, is where the plugin write_file may write: keel refuses every call \
+             that names it, but a plugin that writes it all the same changes what keel does at its next start; \
+             keep it where no plugin may write"
+        ],
+        "the lock file is not there: no warning for it"
+    );
+    let write =
+        |id: &str, path: &str| ToolUse::new(id, "write_file", json!({ "file_path": path, "content": "x" }));
+    let batch = [
+        write("config", "keel.toml"),
+        write("lock", "keel.lock"),
+        write("linked", "cfg/keel.toml"),
+        write("plugin", "plugins/evil.wasm"),
+        write("other", "notes.txt"),
+        ToolUse::new("read", "Read", json!({ "file_path": "keel.toml" })),
+    ];
+    let denied = "Permission to use write_file denied: ";
+    let rest = "; no call may change keel's own files, whatever the rules say";
+    assert_eq!(
+        block_on(host.run_batch(&batch)).results,
+        [
+            ToolResult::error(
+                "config",
+                format!(
+                    "{denied}keel.toml is keel's configuration, which grants what every tool may do{rest}"
+                )
+            ),
+            ToolResult::error(
+                "lock",
+                format!("{denied}keel.lock is keel's lock file, which pins the plugins keel runs{rest}")
+            ),
+            ToolResult::error(
+                "linked",
+                format!(
+                    "{denied}cfg/keel.toml leads to keel.toml, keel's configuration, which grants what every tool \
+                     may do{rest}"
+                )
+            ),
+            ToolResult::error(
+                "plugin",
+                format!(
+                    "{denied}plugins/evil.wasm is inside plugins, a folder keel loads its plugins from{rest}"
+                )
+            ),
+            ToolResult::ok("other", "Wrote 1 byte to notes.txt"),
+            ToolResult::ok("read", "     1\t[permissions]\n     2\tallow = [\"write_file\", \"Read\"]\n"),
+        ]
+    );
+    assert_eq!(std::fs::read_to_string(root.join("keel.toml")).unwrap(), config_text);
+    assert!(!root.join("keel.lock").exists());
+    assert!(!root.join("plugins/evil.wasm").exists());
 }

@@ -28,6 +28,7 @@ use keel_host::config::Config;
 use keel_host::load::lock::LOCK_FILE_NAME;
 use keel_host::load::oci::{self, Pulled, Registries};
 use keel_host::load::{Lock, Pins, Runtime, default_cache_dir};
+use keel_host::permissions::KeelFile;
 use keel_host::{BatchRun, Event, Host, HostBuilder};
 
 /// Arguments of `keel run`.
@@ -552,11 +553,26 @@ impl HostArgs {
     }
 
     /// [`HostArgs::builder_without_config`] with no plugins: workspace and
-    /// cache only.
+    /// cache only, and keel's own files to guard from the tools: the
+    /// configuration (`--config`, else `keel.toml` here, even missing), the
+    /// lock beside it, and the plugin paths given (else the bundled tools).
     pub fn builder_without_plugins(&self) -> HostBuilder {
         let mut builder = Host::builder();
         if let Some(dir) = &self.workspace {
             builder = builder.workspace(dir);
+        }
+        let config = self.config.clone().unwrap_or_else(|| PathBuf::from(keel_host::config::FILE_NAME));
+        builder = builder.keel_file(KeelFile::Config, config);
+        if let Ok(lock) = self.lock_path() {
+            builder = builder.keel_file(KeelFile::Lock, lock);
+        }
+        let plugins = if self.plugins.is_empty() {
+            bundled_tools().into_iter().collect()
+        } else {
+            self.plugins.clone()
+        };
+        for path in plugins.into_iter().filter(|path| !oci::is_reference(&path.to_string_lossy())) {
+            builder = builder.keel_file(KeelFile::Plugins, path);
         }
         if self.no_cache {
             builder = builder.cache_dir(None);
