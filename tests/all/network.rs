@@ -306,6 +306,30 @@ fn a_requests_url_and_headers_count_against_the_upload_cap() {
 }
 
 #[test]
+fn a_requests_trailers_count_against_the_upload_cap() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let host = host(workspace.path(), &grant(&[origin(&server)], "[limits]\nnetwork_sent_mib = 1\n"));
+    // A small head and body, and 15 KB a request in three trailers (which
+    // HTTP/1.1 sends once the head declares them, and the server takes up
+    // to 16 KiB of).
+    let names = ["x-t0", "x-t1", "x-t2"];
+    let request = json!({
+        "method": "POST",
+        "url": server.url("/echo"),
+        "headers": [["trailer", names.join(", ")]],
+        "body": "b",
+        "trailers": names.map(|name| [name.to_string(), "t".repeat(5_000)]),
+    });
+    let (entries, _, _) = call(&host, json!({ "requests": vec![request; 75] }));
+    let sent = entries.iter().take_while(|entry| status(entry) == Some(200)).count();
+    assert_eq!(sent, 69, "69 requests of 15 KB fit in 1 MiB, the 70th does not: {entries:?}");
+    for entry in &entries[sent..] {
+        assert!(error(entry).contains("network upload limit (network_sent_mib) of 1 MiB reached"), "{entry}");
+    }
+}
+
+#[test]
 fn a_path_that_is_only_a_query_goes_out_as_slash_and_query() {
     let workspace = tempfile::tempdir().unwrap();
     let server = TestServer::start();

@@ -13,9 +13,10 @@
 //! open for the call's later requests to the same origin (see
 //! [`Connection`]). The secrets of the request's origin are added as it
 //! leaves; their values are masked in everything that comes back, trailers
-//! included. Bodies both ways count against the call's byte caps, as does
-//! each request's head the guest wrote, and every wait is cut to the call's
-//! deadline. Every request counts against the request cap, refused or not.
+//! included. Bodies both ways count against the call's byte caps, as do
+//! the head and trailers of each request the guest wrote, and every wait is
+//! cut to the call's deadline. Every request counts against the request
+//! cap, refused or not.
 //!
 //! A refusal reaches the guest as `error-code.internal-error` with the
 //! reason, and is reported to the call's refusal sink and the host's log.
@@ -410,13 +411,18 @@ fn make_path_absolute(uri: &mut http::Uri) -> Result<(), String> {
 }
 
 /// The bytes of a request's head the guest chose, as they count against
-/// the bytes-sent cap: its method, its URL (`url`, as written) and each
-/// header's name and value, each with the separators HTTP/1.1 writes around
+/// the bytes-sent cap: its method, its URL (`url`, as written) and its
+/// headers ([`fields_len`]), with the separators HTTP/1.1 writes around
 /// them.
 fn head_len<B>(request: &Request<B>, url: &str) -> usize {
-    let headers: usize =
-        request.headers().iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum();
-    request.method().as_str().len() + url.len() + 12 + headers
+    request.method().as_str().len() + url.len() + 12 + fields_len(request.headers())
+}
+
+/// The bytes of a request's headers or trailers, as they count against the
+/// bytes-sent cap: each name and value, with the separators HTTP/1.1
+/// writes around them.
+fn fields_len(fields: &http::HeaderMap) -> usize {
+    fields.iter().map(|(name, value)| name.as_str().len() + value.len() + 4).sum()
 }
 
 impl WasiHttpHooks for Egress {
@@ -855,7 +861,9 @@ enum Direction {
     Received,
 }
 
-/// A body whose data counts against one of the call's byte caps.
+/// A body whose data counts against one of the call's byte caps, and
+/// whose trailers do too when the guest sends them (a server's are held to
+/// hyper's bounds on a head, as its head is).
 struct Counted<B> {
     inner: B,
     usage: Arc<Usage>,
@@ -872,14 +880,20 @@ impl<B: Body<Data = Bytes, Error = HttpError> + Unpin> Body for Counted<B> {
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, HttpError>>> {
         let frame = ready!(Pin::new(&mut self.inner).poll_frame(cx));
-        if let Some(Ok(frame)) = &frame
-            && let Some(data) = frame.data_ref()
-        {
+        let len = match &frame {
+            Some(Ok(frame)) => match (frame.data_ref(), self.direction) {
+                (Some(data), _) => Some(data.len()),
+                (None, Direction::Sent) => frame.trailers_ref().map(fields_len),
+                (None, Direction::Received) => None,
+            },
+            _ => None,
+        };
+        if let Some(len) = len {
             let (counter, kind) = match self.direction {
                 Direction::Sent => (&self.usage.sent, LimitKind::NetworkSent),
                 Direction::Received => (&self.usage.received, LimitKind::NetworkReceived),
             };
-            let total = counter.fetch_add(data.len(), Ordering::Relaxed) + data.len();
+            let total = counter.fetch_add(len, Ordering::Relaxed) + len;
             if total > self.cap {
                 let reason = format!("{kind} of {} reached", human_bytes(self.cap));
                 return Poll::Ready(Some(Err(refusal_error(reason))));

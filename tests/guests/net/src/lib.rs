@@ -10,7 +10,7 @@
 //! {
 //!   "requests": [{ "method": "GET", "url": "http://127.0.0.1:PORT/path?q",
 //!                  "headers": [["name", "value"]], "body": "text",
-//!                  "path": "?q" }],
+//!                  "trailers": [["name", "value"]], "path": "?q" }],
 //!   "socket": "127.0.0.1:PORT",
 //!   "lookup": "localhost",
 //!   "open_world": true,
@@ -20,11 +20,12 @@
 //! ```
 //!
 //! Every field is optional: `requests` defaults to none, a request's
-//! `method` to `GET`, its `headers` to none, its `body` to empty and its
-//! `path` (sent as given, in place of the URL's path and query) to the URL's;
-//! `open_world` (the answer of `is_open_world`) to true. A request's body is
-//! written to the outgoing-body stream in chunks of at most
-//! [`WRITE_CHUNK`] bytes with `blocking-write-and-flush`, then finished.
+//! `method` to `GET`, its `headers` to none, its `body` to empty, its
+//! `trailers` to none and its `path` (sent as given, in place of the URL's
+//! path and query) to the URL's; `open_world` (the answer of
+//! `is_open_world`) to true. A request's body is written to the
+//! outgoing-body stream in chunks of at most [`WRITE_CHUNK`] bytes with
+//! `blocking-write-and-flush`, then finished with its trailers, if any.
 //!
 //! Requests run one after the other, each awaited before the next starts;
 //! with `"concurrent": true` every request is started (`handle`, its body
@@ -78,8 +79,8 @@ use schemars::JsonSchema;
 use serde::Deserialize;
 use wasip2::http::outgoing_handler;
 use wasip2::http::types::{
-    ErrorCode, Fields, FutureIncomingResponse, IncomingBody, IncomingResponse, IoError, Method, OutgoingBody,
-    OutgoingRequest, Scheme, http_error_code,
+    ErrorCode, Fields, FutureIncomingResponse, HeaderError, IncomingBody, IncomingResponse, IoError, Method,
+    OutgoingBody, OutgoingRequest, Scheme, http_error_code,
 };
 use wasip2::io::poll;
 use wasip2::io::streams::StreamError;
@@ -138,6 +139,10 @@ pub struct Request {
     /// The request body as text. Default: empty.
     #[serde(default)]
     pub body: Option<String>,
+    /// Trailer names and values, sent when the body is finished. Default:
+    /// none.
+    #[serde(default)]
+    pub trailers: Vec<(String, String)>,
     /// The path and query to send as they are, in place of the URL's: how a
     /// guest sends a path such as `?q=1`, which `wasi:http` takes.
     #[serde(default)]
@@ -150,7 +155,14 @@ fn get() -> String {
 
 impl Request {
     fn get(url: &str) -> Self {
-        Request { method: get(), url: url.to_string(), headers: Vec::new(), body: None, path: None }
+        Request {
+            method: get(),
+            url: url.to_string(),
+            headers: Vec::new(),
+            body: None,
+            trailers: Vec::new(),
+            path: None,
+        }
     }
 }
 
@@ -268,9 +280,7 @@ impl Response {
 /// finish its body, so a body larger than the stream's buffer still flows.
 fn start(request: &Request) -> Result<FutureIncomingResponse, String> {
     let target = split_url(&request.url)?;
-    let entries: Vec<(String, Vec<u8>)> =
-        request.headers.iter().map(|(name, value)| (name.clone(), value.clone().into_bytes())).collect();
-    let headers = Fields::from_list(&entries).map_err(|error| format!("invalid headers: {error:?}"))?;
+    let headers = fields(&request.headers).map_err(|error| format!("invalid headers: {error:?}"))?;
     let outgoing = OutgoingRequest::new(headers);
     outgoing
         .set_method(&method(&request.method))
@@ -285,7 +295,11 @@ fn start(request: &Request) -> Result<FutureIncomingResponse, String> {
     outgoing.set_path_with_query(Some(path)).map_err(|()| format!("invalid path `{path}`"))?;
     let body = outgoing.body().map_err(|()| "the request body was already taken".to_string())?;
     let future = outgoing_handler::handle(outgoing, None).map_err(|code| describe(&code))?;
-    match send_body(body, request.body.as_deref().unwrap_or_default().as_bytes()) {
+    let trailers = match request.trailers.as_slice() {
+        [] => None,
+        trailers => Some(fields(trailers).map_err(|error| format!("invalid trailers: {error:?}"))?),
+    };
+    match send_body(body, request.body.as_deref().unwrap_or_default().as_bytes(), trailers) {
         // A stream closed without an error of its own: the response future
         // says why (or the server answered without reading it all).
         Ok(()) | Err(None) => Ok(future),
@@ -293,9 +307,16 @@ fn start(request: &Request) -> Result<FutureIncomingResponse, String> {
     }
 }
 
-/// Write `bytes` to `body` and finish it. `Err(None)` is a stream the host
-/// closed without saying why.
-fn send_body(body: OutgoingBody, bytes: &[u8]) -> Result<(), Option<String>> {
+/// Header or trailer fields of `pairs`, in their order.
+fn fields(pairs: &[(String, String)]) -> Result<Fields, HeaderError> {
+    let entries: Vec<(String, Vec<u8>)> =
+        pairs.iter().map(|(name, value)| (name.clone(), value.clone().into_bytes())).collect();
+    Fields::from_list(&entries)
+}
+
+/// Write `bytes` to `body` and finish it with `trailers`. `Err(None)` is a
+/// stream the host closed without saying why.
+fn send_body(body: OutgoingBody, bytes: &[u8], trailers: Option<Fields>) -> Result<(), Option<String>> {
     {
         // The stream is the body's child: it must be gone before `finish`.
         let stream =
@@ -307,7 +328,7 @@ fn send_body(body: OutgoingBody, bytes: &[u8]) -> Result<(), Option<String>> {
             })?;
         }
     }
-    OutgoingBody::finish(body, None).map_err(|code| Some(describe(&code)))
+    OutgoingBody::finish(body, trailers).map_err(|code| Some(describe(&code)))
 }
 
 /// Await `future` and read the whole response.
