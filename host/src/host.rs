@@ -66,7 +66,7 @@ fn trusted_roots(paths: &[PathBuf], workspace: &Path) -> Result<crate::load::net
     let mut pems = Vec::new();
     for path in paths {
         let path = workspace.join(path);
-        let pem = std::fs::read(&path).map_err(|error| Error::io("read", &path, error))?;
+        let pem = crate::config::NetworkConfig::read_root(&path)?;
         pems.push((path, pem));
     }
     crate::load::network::TlsRoots::with_extra(&pems)
@@ -283,7 +283,8 @@ impl HostBuilder {
         if self.builtins {
             let tool: Arc<dyn Tool> = Arc::new(
                 builtin::Read::with_grant(&grants.for_tool("Read"))
-                    .map_err(|error| Error::io("open workspace", &workspace, error))?,
+                    .map_err(|error| Error::io("open workspace", &workspace, error))?
+                    .with_deadline(limits.deadline),
             );
             read = Some(tool.clone());
             builtins.push(tool);

@@ -388,3 +388,36 @@ fn a_relative_grant_that_a_link_leads_out_of_the_workspace_is_refused() {
     assert!(world.workspace().join("real/x.txt").is_file());
     assert!(!world.outside().join("x.txt").exists());
 }
+
+#[test]
+fn read_is_held_to_the_configured_deadline() {
+    let workspace = tempfile::tempdir().unwrap();
+    // Terabytes of no line at all: skipping to line 2 never ends by itself.
+    let huge = std::fs::File::create(workspace.path().join("huge.log")).unwrap();
+    huge.set_len(4 << 40).unwrap();
+    let limits = keel_host::Limits { deadline: std::time::Duration::from_millis(300), ..Default::default() };
+    let host =
+        block_on(Host::builder().workspace(workspace.path()).cache_dir(None).limits(limits).build()).unwrap();
+    let started = std::time::Instant::now();
+    let results = block_on(host.run_batch(&[ToolUse::new(
+        "r",
+        "Read",
+        json!({ "file_path": "huge.log", "offset": 2 }),
+    )]))
+    .results;
+    assert_eq!(results, [ToolResult::error("r", "Read failed: deadline of 300ms exceeded")]);
+    assert!(started.elapsed() < std::time::Duration::from_secs(20), "{:?}", started.elapsed());
+}
+
+#[test]
+fn a_network_root_that_is_no_file_is_refused_naming_the_key() {
+    let workspace = tempfile::tempdir().unwrap();
+    let config = Config::parse("[network]\nroots = [\"/dev/zero\"]\n", "keel.toml".as_ref()).unwrap();
+    let Err(error) =
+        block_on(Host::builder().workspace(workspace.path()).cache_dir(None).config(config).build())
+    else {
+        panic!("a host trusted /dev/zero as a root");
+    };
+    let error = error.to_string();
+    assert!(error.contains("[network] roots") && error.contains("/dev/zero"), "{error}");
+}
