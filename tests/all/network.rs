@@ -165,6 +165,22 @@ fn requests_are_allowed_and_refused_by_scheme_host_wildcard_and_port() {
 }
 
 #[test]
+fn a_url_whose_port_is_not_a_number_is_refused_naming_it() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    // Port 80 is granted too: such a URL was judged as one without a port.
+    let host = host(workspace.path(), &grant(&[origin(&server), "http://127.0.0.1".into()], ""));
+    let urls =
+        ["http://127.0.0.1:0x4721/", "http://127.0.0.1:99999/", "http://127.0.0.1:/", "http://127.0.0.1:0/"];
+    let (entries, _, events) = call(&host, json!({ "requests": urls.map(get) }));
+    for (url, entry) in urls.iter().zip(&entries) {
+        assert_eq!(error(entry), format!("the port of {url} is not a number from 1 to 65535"), "{url}");
+    }
+    assert_eq!(refusals(&events).len(), urls.len());
+    assert!(server.requests().is_empty());
+}
+
+#[test]
 fn a_bad_entry_stops_the_host_naming_it() {
     let workspace = tempfile::tempdir().unwrap();
     let config =

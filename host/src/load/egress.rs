@@ -39,7 +39,7 @@ use wasmtime_wasi_http::p2::bindings::http::types::ErrorCode;
 use wasmtime_wasi_http::{Error as HttpError, RequestOptions, WasiBody, WasiHttpHooks};
 
 use crate::limits::{LimitKind, Limits, human_bytes};
-use crate::load::network::{Host, NetworkGrant, Rule, Scheme, Target};
+use crate::load::network::{Host, NetworkGrant, Rule, Scheme, Target, parse_port};
 use crate::tool::{NetworkRefusal, RefusalSink};
 
 /// The methods a guest may use. `CONNECT` would open a tunnel past every
@@ -383,7 +383,15 @@ fn target_of<B>(request: &Request<B>) -> Result<Target, String> {
     let Some(host) = Host::parse(authority.host()) else {
         return Err(format!("the host of {uri} is not a name or an address"));
     };
-    let port = authority.port_u16().unwrap_or(scheme.default_port());
+    // The authority's port, read here: `http` reads a port that is no
+    // number (`:99999`, `:0x50`, `:`) as none, which would be the scheme's.
+    let port = match &authority.as_str()[authority.host().len()..] {
+        "" => scheme.default_port(),
+        port => match port.strip_prefix(':').and_then(parse_port) {
+            Some(port) => port,
+            None => return Err(format!("the port of {uri} is not a number from 1 to 65535")),
+        },
+    };
     let mut hosts = request.headers().get_all(header::HOST).iter();
     if let Some(value) = hosts.next()
         && (hosts.next().is_some() || !value.as_bytes().eq_ignore_ascii_case(authority.as_str().as_bytes()))
@@ -1181,6 +1189,18 @@ mod tests {
         );
         assert!(target_of(&request("http://user:pw@example.org/", None)).unwrap_err().contains("user info"));
         assert!(target_of(&request("ftp://example.org/", None)).unwrap_err().contains("not http or https"));
+        for url in [
+            "http://example.org:99999/",
+            "http://example.org:0x50/",
+            "http://example.org:/",
+            "http://example.org:0/",
+        ] {
+            assert_eq!(
+                target_of(&request(url, None)).unwrap_err(),
+                format!("the port of {url} is not a number from 1 to 65535"),
+            );
+        }
+        assert_eq!(target_of(&request("http://[::1]:8080/", None)).unwrap().origin(), "http://[::1]:8080");
         let mut twice = request("http://example.org/", Some("example.org"));
         twice.headers_mut().append(header::HOST, HeaderValue::from_static("example.org"));
         assert!(target_of(&twice).unwrap_err().contains("Host header"), "two Host headers");

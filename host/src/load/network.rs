@@ -195,11 +195,18 @@ fn split_host_port(rest: &str) -> Result<(&str, Option<u16>), &'static str> {
     }
     match port {
         None => Ok((host, None)),
-        Some(port) => match port.parse::<u16>() {
-            Ok(number) if number > 0 && port.bytes().all(|b| b.is_ascii_digit()) => Ok((host, Some(number))),
-            _ => Err("has a port that is not a number from 1 to 65535"),
+        Some(port) => match parse_port(port) {
+            Some(number) => Ok((host, Some(number))),
+            None => Err("has a port that is not a number from 1 to 65535"),
         },
     }
+}
+
+/// A port as an entry or a URL writes it: a number from 1 to 65535, in
+/// decimal digits alone (`u16`'s parse would take a `+` too).
+pub(crate) fn parse_port(text: &str) -> Option<u16> {
+    let number = text.parse::<u16>().ok().filter(|&number| number > 0)?;
+    text.bytes().all(|b| b.is_ascii_digit()).then_some(number)
 }
 
 fn parse_host_rule(host: &str) -> Option<HostRule> {
