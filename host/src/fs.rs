@@ -1,8 +1,8 @@
 //! Files written whole or not at all: the atomic-write helper of the compile
-//! cache, the lock file, pulled plugins and golden fixtures, and the write
-//! of a report to whatever path a user named ([`write_to`]). Persisted
-//! results have their own, which never follows a link
-//! (`budget/persist.rs`). And the read of a file a user named
+//! cache, the lock file, pulled plugins and golden fixtures; where a path's
+//! links lead ([`link_target`]); and files read only when they are regular
+//! files of a bounded size ([`read_file_at_most`]). Persisted results have
+//! their own writes, which never follow a link (`budget/persist.rs`). And the read of a file a user named
 //! ([`read_file_at_most`]): a regular file of bounded size, never a pipe or
 //! a device.
 
@@ -15,36 +15,6 @@ use std::path::{Path, PathBuf};
 /// over it. The parent directory is created when missing.
 pub fn write_atomically(path: &Path, contents: &[u8]) -> io::Result<()> {
     Staged::new(path, contents, true)?.commit()
-}
-
-/// Write `contents` to what `path` names, as a user who names a file for a
-/// report means it: a regular file, or no file yet, is written atomically
-/// ([`write_atomically`]) at the end of `path`'s symbolic links, so that a
-/// link stays a link and its target gets the contents; anything else that
-/// is there (a named pipe, a character device such as `/dev/null`, the
-/// `/dev/fd/N` of a process substitution) is opened and written through,
-/// never replaced. Gives the path written, which may be a link's target.
-pub fn write_to(path: &Path, contents: &[u8]) -> io::Result<PathBuf> {
-    match std::fs::metadata(path) {
-        // A rename over a directory fails as the system says (EISDIR).
-        Ok(metadata) if metadata.is_file() || metadata.is_dir() => {
-            let target = path.canonicalize()?;
-            write_atomically(&target, contents)?;
-            Ok(target)
-        }
-        Ok(_) => {
-            let mut file = std::fs::OpenOptions::new().write(true).open(path)?;
-            file.write_all(contents)?;
-            file.flush()?;
-            Ok(path.to_path_buf())
-        }
-        Err(error) if error.kind() == io::ErrorKind::NotFound => {
-            let target = link_target(path)?;
-            write_atomically(&target, contents)?;
-            Ok(target)
-        }
-        Err(error) => Err(error),
-    }
 }
 
 /// Where `path` leads when it names nothing that exists: the end of its
