@@ -181,6 +181,21 @@ fn a_url_whose_port_is_not_a_number_is_refused_naming_it() {
 }
 
 #[test]
+fn the_fetch_tool_asks_for_a_body_as_it_is() {
+    let workspace = tempfile::tempdir().unwrap();
+    let server = TestServer::start();
+    let config = format!("[plugins.fetch]\nnetwork = [{:?}]\n", origin(&server));
+    let config = Config::parse(&config, Path::new("keel.toml")).unwrap();
+    let host =
+        block_on(crate::host_of(workspace.path(), &["keel_tool_fetch"]).config(config).build()).unwrap();
+    let (_, results, _) =
+        events_of(&host, vec![ToolUse::new("f", "fetch", json!({ "url": server.url("/echo") }))]);
+    assert!(!results[0].is_error, "{}", results[0].content);
+    // A compressed body is one fetch cannot read: it asks for none.
+    assert_eq!(server.requests()[0].header("accept-encoding"), Some("identity"));
+}
+
+#[test]
 fn a_bad_entry_stops_the_host_naming_it() {
     let workspace = tempfile::tempdir().unwrap();
     let config =

@@ -2,7 +2,9 @@
 //!
 //! An HTML page is reduced to the text a reader sees ([`html::to_text`]); other
 //! text (plain, JSON, XML, CSS, …) comes back as it is; anything else (an
-//! image, an archive) is an error naming its content type. A status other
+//! image, an archive) is an error naming its content type. `fetch` asks for
+//! a body as it is (`accept-encoding: identity`) and decodes no other: a
+//! compressed one is an error naming its content encoding. A status other
 //! than `2xx` is an error naming it, and a redirect names its target without
 //! following it, so the model decides whether to fetch that too.
 //!
@@ -98,7 +100,9 @@ impl Tool for Fetch {
 
     fn call(input: Input, _cx: &Context) -> Result<Output> {
         let url = Url::parse(&input.url)?;
-        let response = http::get(&url.to_string())?;
+        let response = http::Request::new(http::Method::Get, url.to_string())
+            .header("accept-encoding", "identity")
+            .send()?;
         read(response, input.max_bytes.unwrap_or(DEFAULT_MAX_BYTES))
     }
 }
@@ -131,6 +135,9 @@ pub fn read(response: Response, max_bytes: u64) -> Result<Output> {
         }
     }
 
+    if let Some(encoding) = encoding(&response) {
+        bail!("{url} answered with content encoding {encoding}, which fetch does not decode");
+    }
     let content_type = response.header("content-type").map(str::to_string);
     let declared = match content_type.as_deref() {
         Some(content_type) => match Kind::of(content_type) {
@@ -178,6 +185,18 @@ pub fn read(response: Response, max_bytes: u64) -> Result<Output> {
         ));
     }
     Ok(Output::text(text))
+}
+
+/// The `content-encoding` of `response` when it is other than `identity`:
+/// its bytes are compressed (`gzip`, `br`, …), no text to read as it is.
+/// A server may send one though `fetch` asked for none.
+fn encoding(response: &Response) -> Option<&str> {
+    let encoding = response.header("content-encoding")?.trim();
+    let identity = encoding
+        .split(',')
+        .map(str::trim)
+        .all(|coding| coding.is_empty() || coding.eq_ignore_ascii_case("identity"));
+    (!identity).then_some(encoding)
 }
 
 /// How a body is read.
@@ -329,6 +348,9 @@ fn windows_1252(byte: u8) -> char {
 /// The start of an error response's text, if it has any: an API's error
 /// object or a page's first lines often say what went wrong.
 fn error_excerpt(response: Response) -> Option<String> {
+    if encoding(&response).is_some() {
+        return None;
+    }
     let kind = match response.header("content-type") {
         Some(content_type) => Kind::of(content_type)?,
         None => Kind::Text,
@@ -456,6 +478,24 @@ mod tests {
             error.message().contains("content type application/octet-stream, which is not text"),
             "{error}"
         );
+    }
+
+    #[test]
+    fn an_encoded_body_is_refused_by_its_encoding() {
+        let gzip = [0x1f, 0x8b, 0x08, 0x00, b'x', 0xff];
+        let error =
+            fetched(200, &[("content-type", "text/plain"), ("Content-Encoding", "gzip")], gzip).unwrap_err();
+        assert_eq!(
+            error.message(),
+            "https://example.com/docs/page answered with content encoding gzip, which fetch does not decode"
+        );
+        let error = fetched(200, &[("content-encoding", "identity, br")], "").unwrap_err();
+        assert!(error.message().contains("content encoding identity, br, which"), "{error}");
+        let error = fetched(404, &[("content-encoding", "gzip")], gzip).unwrap_err();
+        assert_eq!(error.message(), "https://example.com/docs/page answered 404 Not Found", "nothing quoted");
+        let plain =
+            fetched(200, &[("content-type", "text/plain"), ("content-encoding", "Identity")], "as is");
+        assert_eq!(plain.unwrap(), "as is");
     }
 
     #[test]
