@@ -1097,6 +1097,28 @@ impl Scrubber {
         }
     }
 
+    /// `text` cut to at most `max` bytes, at a character boundary, with
+    /// every secret masked. The mask comes first, so a secret the cut runs
+    /// through is masked whole, not left with its start in the clear; and
+    /// only what a kept byte's secret could reach is searched, the first
+    /// `max` bytes and [`Scrubber::overlap`] more, so a huge text costs no
+    /// more than one of `max` bytes.
+    pub(crate) fn scrub_cut(&self, text: &mut String, max: usize) {
+        if text.len() > max {
+            text.truncate(text.ceil_char_boundary(max + self.overlap()));
+            self.scrub(text);
+            text.truncate(text.floor_char_boundary(max));
+        } else {
+            self.scrub(text);
+        }
+    }
+
+    /// How far past a cut a secret that begins before it can reach: the
+    /// longest secret's length, less one.
+    pub(crate) fn overlap(&self) -> usize {
+        self.hidden.first().map_or(0, |longest| longest.len() - 1)
+    }
+
     fn stream(&self) -> Option<ScrubStream> {
         let longest = self.hidden.first()?.len();
         Some(ScrubStream { scrubber: self.clone(), held: BytesMut::new(), keep: longest - 1 })
@@ -1236,6 +1258,27 @@ mod tests {
                 ("x-**************-y", "**************")
             ]
         );
+    }
+
+    #[test]
+    fn a_secret_the_cut_runs_through_is_masked_whole() {
+        let scrubber = scrubber(&["hunter22", "s3cr3t-value"]);
+        assert_eq!(scrubber.overlap(), 11);
+        for (text, max, kept) in [
+            ("ab hunter22 cd", 6, "ab ***"),
+            ("ab s3cr3t-value", 14, "ab ***********"),
+            ("ab s3cr3t-value and more", 3, "ab "),
+            ("hunter22", 8, "********"),
+            ("é hunter22", 1, ""),
+            ("é hunter22", 4, "é *"),
+        ] {
+            let mut cut = text.to_string();
+            scrubber.scrub_cut(&mut cut, max);
+            assert_eq!(cut, kept, "{text:?} cut at {max}");
+        }
+        let mut nothing_hidden = "é and more".to_string();
+        Scrubber::default().scrub_cut(&mut nothing_hidden, 3);
+        assert_eq!(nothing_hidden, "é ");
     }
 
     #[test]

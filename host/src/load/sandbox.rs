@@ -269,12 +269,11 @@ impl v0_4::keel::tool::host::Host for SandboxState {
 }
 
 impl v0_3::keel::tool::host::Host for SandboxState {
-    async fn progress(&mut self, data: String) {
+    async fn progress(&mut self, mut data: String) {
         if self.progress.is_none() || !self.within_report_budget(data.len()) {
             return;
         }
-        let mut data = truncate(data, MAX_REPORT_BYTES);
-        self.scrubber.scrub(&mut data);
+        self.scrubber.scrub_cut(&mut data, MAX_REPORT_BYTES);
         // A guest that sends something other than JSON still reports progress.
         let value = serde_json::from_str(&data).unwrap_or(Value::String(data));
         if let Some(sink) = &self.progress {
@@ -282,12 +281,11 @@ impl v0_3::keel::tool::host::Host for SandboxState {
         }
     }
 
-    async fn log(&mut self, level: LogLevel, message: String) {
+    async fn log(&mut self, level: LogLevel, mut message: String) {
         if !self.within_report_budget(message.len()) {
             return;
         }
-        let mut message = truncate(message, MAX_REPORT_BYTES);
-        self.scrubber.scrub(&mut message);
+        self.scrubber.scrub_cut(&mut message, MAX_REPORT_BYTES);
         let plugin = &*self.plugin;
         match level {
             LogLevel::Trace => tracing::trace!(plugin, "{message}"),
@@ -376,9 +374,9 @@ fn tool_log_level(level: LogLevel) -> crate::tool::LogLevel {
 /// empty it.
 fn log_captured(plugin: &str, stream: &str, capture: &Capture, scrubber: &Scrubber) {
     let (bytes, dropped) = capture.take();
+    let dropped = dropped + bytes.len().saturating_sub(capture.capacity) as u64;
     if !bytes.is_empty() {
-        let mut text = String::from_utf8_lossy(&bytes).into_owned();
-        scrubber.scrub(&mut text);
+        let text = capture.shown(&bytes, scrubber);
         tracing::info!(plugin, stream, "{}", text.trim_end());
     }
     if dropped > 0 {
@@ -391,24 +389,17 @@ fn log_captured(plugin: &str, stream: &str, capture: &Capture, scrubber: &Scrubb
     }
 }
 
-fn truncate(mut text: String, max: usize) -> String {
-    if text.len() > max {
-        let mut end = max;
-        while !text.is_char_boundary(end) {
-            end -= 1;
-        }
-        text.truncate(end);
-    }
-    text
-}
-
-/// A guest's stdout or stderr: the first `capacity` bytes are kept, the rest
-/// counted and dropped. Writes always succeed: a guest whose `println!`
-/// failed would panic, and printing too much is no reason to crash a tool.
+/// A guest's stdout or stderr: the first `capacity` bytes are kept to be
+/// shown (and `overlap` more, never shown), the rest counted and dropped.
+/// Writes always succeed: a guest whose `println!` failed would panic, and
+/// printing too much is no reason to crash a tool.
 #[derive(Clone)]
 pub struct Capture {
     inner: Arc<Mutex<Captured>>,
     capacity: usize,
+    /// Bytes kept past `capacity` and never shown, so that a secret the end
+    /// of what is shown runs through is whole where it is masked.
+    overlap: usize,
 }
 
 #[derive(Default)]
@@ -420,18 +411,33 @@ struct Captured {
 impl Capture {
     /// A capture keeping `capacity` bytes.
     pub fn new(capacity: usize) -> Self {
-        Capture { inner: Arc::default(), capacity }
+        Capture { inner: Arc::default(), capacity, overlap: 0 }
+    }
+
+    /// This capture, keeping what `scrubber` needs past its capacity to
+    /// mask a secret there whole ([`Scrubber::overlap`]).
+    fn masked_by(self, scrubber: &Scrubber) -> Self {
+        Capture { overlap: scrubber.overlap(), ..self }
+    }
+
+    /// What of `bytes`, as kept, may be shown: the first `capacity`, with
+    /// every secret masked.
+    fn shown(&self, bytes: &[u8], scrubber: &Scrubber) -> String {
+        let mut text = String::from_utf8_lossy(bytes).into_owned();
+        scrubber.scrub_cut(&mut text, self.capacity);
+        text
     }
 
     fn push(&self, data: &[u8]) {
         let mut captured = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-        let room = self.capacity.saturating_sub(captured.bytes.len());
+        let room = (self.capacity + self.overlap).saturating_sub(captured.bytes.len());
         let kept = data.len().min(room);
         captured.bytes.extend_from_slice(&data[..kept]);
         captured.dropped += (data.len() - kept) as u64;
     }
 
-    /// What was kept so far, and how many bytes were dropped.
+    /// What was kept so far, `overlap` included, and how many bytes past it
+    /// were dropped.
     pub fn contents(&self) -> (Vec<u8>, u64) {
         let captured = self.inner.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
         (captured.bytes.clone(), captured.dropped)
@@ -579,17 +585,18 @@ impl Sandbox {
         fuel: (u64, FuelLimit),
     ) -> Result<Self, CallError> {
         let started = Instant::now();
-        let stdout = Capture::new(CAPTURED_OUTPUT_BYTES);
-        let stderr = Capture::new(CAPTURED_OUTPUT_BYTES);
+        let egress =
+            Egress::new(capabilities.network.clone(), limits, plugin.clone(), started + QUERY_DEADLINE);
+        let scrubber = egress.scrubber();
+        let stdout = Capture::new(CAPTURED_OUTPUT_BYTES).masked_by(&scrubber);
+        let stderr = Capture::new(CAPTURED_OUTPUT_BYTES).masked_by(&scrubber);
         let wasi = wasi_ctx(capabilities, &stdout, &stderr);
         let mut table = ResourceTable::new();
         table.set_max_capacity(limits.resources);
-        let egress =
-            Egress::new(capabilities.network.clone(), limits, plugin.clone(), started + QUERY_DEADLINE);
         let state = SandboxState {
             wasi,
             http: WasiHttpCtx::new(),
-            scrubber: egress.scrubber(),
+            scrubber,
             egress,
             table,
             mounts: mounts.clone(),
@@ -945,7 +952,7 @@ fn classify(error: &wasmtime::Error, state: &SandboxState, limits: &Limits) -> C
 /// tells the model far more than "unreachable instruction executed".
 fn with_panic_message(reason: String, state: &SandboxState) -> String {
     let (stderr, _) = state.stderr.contents();
-    let stderr = String::from_utf8_lossy(&stderr);
+    let stderr = state.stderr.shown(&stderr, &state.scrubber);
     match stderr.lines().position(|line| line.contains("panicked at")) {
         Some(start) => {
             let panic: Vec<&str> = stderr.lines().skip(start).take(2).collect();
@@ -987,6 +994,65 @@ mod tests {
              WARN dropped 4 bytes of stdout past the 8 B kept plugin=\"grep\" stream=\"stdout\"\n"
         );
         assert_eq!(capture.contents(), (Vec::new(), 0), "logged once, then emptied");
+    }
+
+    /// A plugin's scrubber when its grant hides `secret`.
+    fn scrubber_of(secret: &str) -> Scrubber {
+        use crate::load::network::{NetworkGrant, SecretConfig};
+        let origin = "https://example.org";
+        let secret = SecretConfig { header: "x-key".into(), value: secret.into() };
+        let grant = NetworkGrant::parse(&[origin.into()], &[(origin.into(), secret)], |_| None).unwrap();
+        Egress::new(Arc::new(grant), &Limits::default(), Arc::from("p"), Instant::now()).scrubber()
+    }
+
+    #[test]
+    fn a_secret_across_the_cut_of_a_log_or_progress_line_is_masked_whole() {
+        const SECRET: &str = "s3cr3t-t0ken";
+        let mut state = SandboxState::bare();
+        state.scrubber = scrubber_of(SECRET);
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let (logged, reported) = (seen.clone(), seen.clone());
+        state.log = Some(Arc::new(move |_, line: &str| logged.lock().unwrap().push(line.to_owned())));
+        state.progress = Some(Arc::new(move |value: Value| {
+            reported.lock().unwrap().push(value.as_str().unwrap().to_owned());
+        }));
+        // The cut falls after the secret's first five bytes.
+        let kept = "x".repeat(MAX_REPORT_BYTES - 5);
+        let line = format!("{kept}{SECRET} and more");
+        futures::executor::block_on(async {
+            v0_3::keel::tool::host::Host::log(&mut state, LogLevel::Info, line.clone()).await;
+            v0_3::keel::tool::host::Host::progress(&mut state, line).await;
+        });
+        let seen = seen.lock().unwrap();
+        let ends: Vec<(usize, &str)> =
+            seen.iter().map(|line| (line.len(), &line[line.len().saturating_sub(10)..])).collect();
+        assert_eq!(ends, [(MAX_REPORT_BYTES, "xxxxx*****"); 2], "the log line, then the progress");
+        assert!(seen.iter().all(|line| line.starts_with(&kept)));
+    }
+
+    #[test]
+    fn a_secret_across_the_end_of_captured_output_is_masked_whole() {
+        let scrubber = scrubber_of("s3cr3t-t0ken");
+        let log = keel_tests::Log::default();
+        let capture = Capture::new(8).masked_by(&scrubber);
+        capture.push(b"hello s3cr3t-t0ken bye\n");
+        log.capture(|| log_captured("grep", "stdout", &capture, &scrubber));
+        assert_eq!(
+            log.text(),
+            " INFO hello ** plugin=\"grep\" stream=\"stdout\"\n \
+             WARN dropped 15 bytes of stdout past the 8 B kept plugin=\"grep\" stream=\"stdout\"\n"
+        );
+
+        // So is one at the end of a panic message, which the model reads.
+        let mut state = SandboxState::bare();
+        let panic = "thread 'main' panicked at src/lib.rs:1:1:\nkey s3cr3t-t0ken\n";
+        state.stderr = Capture::new(panic.find("cr3t").unwrap()).masked_by(&scrubber);
+        state.scrubber = scrubber;
+        state.stderr.push(panic.as_bytes());
+        assert_eq!(
+            with_panic_message("unreachable".into(), &state),
+            "unreachable: thread 'main' panicked at src/lib.rs:1:1: key **"
+        );
     }
 
     #[test]
